@@ -1,0 +1,64 @@
+"""The `flywheel` command line: thin wrappers over the packages, no logic of its own.
+
+Each command group lives in its own module and is added to `app` below. Bad input raises `FlywheelError`
+(or a click usage error); `main` prints it as one line and exits with code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+
+from flywheel.errors import FlywheelError
+
+app = typer.Typer(
+    name="flywheel",
+    help="Flywheel: train coding agents with reinforcement learning, from tasks to weight deltas.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _register() -> None:
+    # Imported here, not at module top, so `flywheel --help` stays fast and groups stay independent.
+    from flywheel.cli import grade, sandbox, tasks
+
+    app.add_typer(tasks.app, name="tasks")
+    app.add_typer(sandbox.app, name="sandbox")
+    app.command("grade")(grade.grade)
+
+
+def fail(message: str) -> None:
+    """Print one error line and exit 2."""
+    click.echo(f"flywheel: error: {message}", err=True)
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    _register()
+    command = typer.main.get_command(app)
+    try:
+        rc = command.main(args=argv, prog_name="flywheel", standalone_mode=False)
+    except FlywheelError as e:
+        fail(str(e))
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else "", err=True)
+        raise SystemExit(2) from None
+    except click.UsageError as e:
+        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
+        fail(f"{e.format_message()}{hint}")
+    except click.Abort:
+        click.echo("aborted", err=True)
+        raise SystemExit(130) from None
+    except click.ClickException as e:
+        fail(e.format_message())
+    raise SystemExit(rc if isinstance(rc, int) else 0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

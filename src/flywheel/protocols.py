@@ -1,0 +1,170 @@
+"""The seams of the flywheel, in one place.
+
+Every component is a backend of one of these protocols: the sandbox an attempt runs in, the model that
+acts, the verifier that grades, the trainer that updates weights and the store that carries them. Value
+types exchanged across a seam live here too, so that a reader sees every contract on one page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+# ----------------------------------------------------------------------------------------------- sandbox
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits for one sandboxed command."""
+
+    timeout_s: float = 60.0  # wall-clock limit; the command is killed and exit code 124 returned
+    memory_mb: int = 2048  # address space / cgroup memory limit
+    max_procs: int = 64  # processes and threads alive at once
+    max_file_mb: int = 64  # largest file the command may write
+    output_bytes: int = 16_384  # captured output kept (head and tail); the rest is marked as truncated
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a sandboxed command did."""
+
+    exit_code: int  # the command's exit code; 124 on timeout; 128+N when killed by signal N
+    output: str  # stdout and stderr interleaved, truncated to Limits.output_bytes
+    timed_out: bool = False
+    truncated: bool = False
+    wall_s: float = 0.0
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """Runs commands in an isolated workspace: no network, read-only host, bounded resources."""
+
+    name: str
+
+    def run(
+        self,
+        workspace: Path,
+        argv: Sequence[str],
+        *,
+        limits: Limits | None = None,
+        env: Mapping[str, str] | None = None,
+        extra_ro: Mapping[Path, Path] | None = None,
+        extra_rw: Mapping[Path, Path] | None = None,
+    ) -> RunResult:
+        """Run `argv` with `workspace` mounted read-write at the sandbox's working directory.
+
+        `extra_ro` / `extra_rw` map host paths to paths inside the sandbox (the grader mounts its report
+        directory this way). Returns when every process the command started is gone.
+        """
+        ...
+
+
+# ------------------------------------------------------------------------------------------------ models
+
+
+@dataclass
+class Request:
+    """One generation request: a conversation so far and how to sample the next message."""
+
+    messages: list[dict[str, Any]]  # OpenAI-style {"role", "content"} (+ "tool_calls" / "tool_call_id")
+    max_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None  # OpenAI function-tool schema, for native tool calling
+    seed: int | None = None
+
+
+@dataclass
+class Completion:
+    """One generated message, with what the trainer needs to replay its sampling distribution."""
+
+    text: str
+    finish_reason: str = "stop"  # "stop" | "length" | "context" | "error"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # native calls: {"name", "arguments"}
+    prompt_ids: list[int] | None = None  # in-process engines: the exact prompt token ids
+    token_ids: list[int] | None = None  # in-process engines: the sampled token ids
+    logprobs: list[float] | None = None  # log-prob of each sampled token under the sampling distribution
+    kept: list[list[int]] | None = None  # top-p kept set at each position (None entry: full vocabulary)
+    error: str | None = None
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A policy: turns conversations into next messages, many episodes per call."""
+
+    name: str
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        """Generate one completion per request. Failures come back as Completion(error=...), not raised."""
+        ...
+
+
+# --------------------------------------------------------------------------------------------- verifier
+
+
+@dataclass
+class Verdict:
+    """The grader's decision on one finished workspace (the JSON printed by `flywheel grade`)."""
+
+    task_id: str
+    success: bool
+    reward: float
+    cheat: bool = False
+    signatures: list[str] = field(default_factory=list)
+    fail_to_pass: tuple[int, int] = (0, 0)  # (passed, total)
+    pass_to_pass: tuple[int, int] = (0, 0)
+    error: str | None = None
+    tests: dict[str, str] = field(default_factory=dict)  # test id -> outcome as the grader read it
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "success": self.success,
+            "reward": self.reward,
+            "cheat": self.cheat,
+            "signatures": list(self.signatures),
+            "fail_to_pass": {"passed": self.fail_to_pass[0], "total": self.fail_to_pass[1]},
+            "pass_to_pass": {"passed": self.pass_to_pass[0], "total": self.pass_to_pass[1]},
+            "error": self.error,
+            "tests": dict(self.tests),
+            "wall_s": round(self.wall_s, 4),
+        }
+
+
+class Verifier(Protocol):
+    """Grades a finished workspace against a task, never in place."""
+
+    def grade(self, task: Any, workspace: Path) -> Verdict: ...
+
+
+# ------------------------------------------------------------------------------------ trainer and store
+
+
+class Trainer(Protocol):
+    """Turns graded trajectories into new weights."""
+
+    def step(self, trajectories: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        """One optimisation step; returns its metrics."""
+        ...
+
+    def state_dict(self) -> Mapping[str, Any]: ...
+
+    def save(self, path: Path) -> None: ...
+
+
+class WeightStore(Protocol):
+    """Object storage for weight versions: full anchors and deltas, published atomically."""
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str) -> list[str]: ...

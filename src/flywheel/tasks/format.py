@@ -1,0 +1,221 @@
+"""The task directory format, its loader and its writer.
+
+```
+<task>/task.toml      id, instruction, test_command, fail_to_pass, pass_to_pass, timeout_s, [meta]
+<task>/repo/          the starting repository the agent sees (no .git)
+<task>/tests/         hidden test files: tests/<path> is copied to <path> in the workspace at grading
+<task>/solution.patch the reference fix, a unified diff against repo/
+```
+
+The loader validates every field and refuses a broken task with one `TaskError` that names the file
+and the field. The writer builds a task in a temporary sibling directory and renames it into place, so a
+reader never sees half a task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flywheel.errors import TaskError
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_FIELDS = {"id", "instruction", "test_command", "fail_to_pass", "pass_to_pass", "timeout_s", "meta"}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One repository task, backed by its directory."""
+
+    id: str
+    instruction: str
+    test_command: str  # the visible test command the agent's `run_tests` runs, e.g. "python -m pytest -q"
+    fail_to_pass: tuple[str, ...]  # pytest node ids that fail before the fix and must pass after
+    pass_to_pass: tuple[str, ...]  # pytest node ids that pass before and must still pass
+    timeout_s: float
+    root: Path
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def repo(self) -> Path:
+        return self.root / "repo"
+
+    @property
+    def hidden_tests(self) -> Path:
+        return self.root / "tests"
+
+    @property
+    def solution_patch(self) -> str:
+        return (self.root / "solution.patch").read_text()
+
+    def hidden_files(self) -> list[str]:
+        """Workspace-relative paths of the hidden test files."""
+        return sorted(
+            p.relative_to(self.hidden_tests).as_posix()
+            for p in self.hidden_tests.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        )
+
+
+def load_task(root: Path | str) -> Task:
+    """Load and validate the task directory `root`."""
+    root = Path(root)
+    toml_path = root / "task.toml"
+    if not root.is_dir():
+        raise TaskError(f"{root}: not a task directory")
+    if not toml_path.is_file():
+        raise TaskError(f"{toml_path}: missing")
+    try:
+        data = tomllib.loads(toml_path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise TaskError(f"{toml_path}: not valid TOML ({e})") from None
+    unknown = sorted(set(data) - _FIELDS)
+    if unknown:
+        raise TaskError(f"{toml_path}: unknown field '{unknown[0]}'")
+    task = Task(
+        id=_str(data, "id", toml_path),
+        instruction=_str(data, "instruction", toml_path),
+        test_command=_str(data, "test_command", toml_path),
+        fail_to_pass=_ids(data, "fail_to_pass", toml_path, nonempty=True),
+        pass_to_pass=_ids(data, "pass_to_pass", toml_path, nonempty=False),
+        timeout_s=_positive(data, "timeout_s", toml_path),
+        root=root,
+        meta=_meta(data, toml_path),
+    )
+    if not _ID.match(task.id):
+        raise TaskError(f"{toml_path}: field 'id' must be letters, digits, '_', '-', '.': {task.id!r}")
+    for sub in ("repo", "tests"):
+        if not (root / sub).is_dir():
+            raise TaskError(f"{root / sub}: missing directory")
+    if (root / "repo" / ".git").exists():
+        raise TaskError(f"{root / 'repo' / '.git'}: a task repository must not carry git history")
+    if not (root / "solution.patch").is_file():
+        raise TaskError(f"{root / 'solution.patch'}: missing")
+    if not task.hidden_files():
+        raise TaskError(f"{root / 'tests'}: no hidden test files")
+    for key in ("fail_to_pass", "pass_to_pass"):
+        for test_id in getattr(task, key):
+            path = test_id.split("::", 1)[0]
+            if not (root / "tests" / path).is_file() and not (root / "repo" / path).is_file():
+                raise TaskError(f"{toml_path}: field '{key}' names {test_id}, but {path} is in neither tests/ nor repo/")
+    return task
+
+
+def _str(data: Mapping[str, Any], key: str, path: Path) -> str:
+    value = data.get(key)
+    if value is None:
+        raise TaskError(f"{path}: missing field '{key}'")
+    if not isinstance(value, str) or not value.strip():
+        raise TaskError(f"{path}: field '{key}' must be a non-empty string")
+    return value
+
+
+def _ids(data: Mapping[str, Any], key: str, path: Path, nonempty: bool) -> tuple[str, ...]:
+    value = data.get(key)
+    if value is None:
+        raise TaskError(f"{path}: missing field '{key}'")
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TaskError(f"{path}: field '{key}' must be a list of pytest node ids")
+    if nonempty and not value:
+        raise TaskError(f"{path}: field '{key}' must name at least one test")
+    for v in value:
+        file_part = v.split("::", 1)[0]
+        if "::" not in v or file_part.startswith("/") or ".." in Path(file_part).parts:
+            raise TaskError(f"{path}: field '{key}' has {v!r}, not a relative pytest node id 'path.py::name'")
+    return tuple(value)
+
+
+def _positive(data: Mapping[str, Any], key: str, path: Path) -> float:
+    value = data.get(key)
+    if value is None:
+        raise TaskError(f"{path}: missing field '{key}'")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise TaskError(f"{path}: field '{key}' must be a positive number of seconds")
+    return float(value)
+
+
+def _meta(data: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    value = data.get("meta", {})
+    if not isinstance(value, dict):
+        raise TaskError(f"{path}: field 'meta' must be a table")
+    return value
+
+
+# --------------------------------------------------------------------------------------------- writing
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # JSON strings are valid TOML basic strings
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to task.toml")
+
+
+def task_toml(
+    *,
+    id: str,
+    instruction: str,
+    test_command: str,
+    fail_to_pass: list[str] | tuple[str, ...],
+    pass_to_pass: list[str] | tuple[str, ...],
+    timeout_s: float,
+    meta: Mapping[str, Any] | None = None,
+) -> str:
+    """Render a task.toml (meta values must be scalars or lists of scalars)."""
+    fields = {
+        "id": id,
+        "instruction": instruction,
+        "test_command": test_command,
+        "fail_to_pass": list(fail_to_pass),
+        "pass_to_pass": list(pass_to_pass),
+        "timeout_s": timeout_s,
+    }
+    lines = [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
+    if meta:
+        lines += ["", "[meta]"] + [f"{k} = {_toml_value(v)}" for k, v in meta.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_task(
+    dest: Path,
+    *,
+    toml: str,
+    repo: Mapping[str, str],
+    hidden_tests: Mapping[str, str],
+    solution_patch: str,
+) -> Task:
+    """Write a task directory atomically (build beside `dest`, then rename) and return it loaded."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        (tmp / "task.toml").write_text(toml)
+        (tmp / "solution.patch").write_text(solution_patch)
+        for sub, files in (("repo", repo), ("tests", hidden_tests)):
+            (tmp / sub).mkdir()
+            for rel, text in files.items():
+                p = tmp / sub / rel
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_text(text)
+        task = load_task(tmp)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    del task
+    return load_task(dest)
