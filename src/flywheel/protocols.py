@@ -75,6 +75,7 @@ class Request:
     stop: list[str] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None  # OpenAI function-tool schema, for native tool calling
     seed: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # episode context (task dir, ids) for oracles/logs
 
 
 @dataclass

@@ -26,11 +26,13 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported here, not at module top, so `flywheel --help` stays fast and groups stay independent.
+    from flywheel.cli import eval as eval_cli
     from flywheel.cli import grade, sandbox, tasks
 
     app.add_typer(tasks.app, name="tasks")
     app.add_typer(sandbox.app, name="sandbox")
     app.command("grade")(grade.grade)
+    app.command("eval")(eval_cli.eval_)
 
 
 def fail(message: str) -> None:

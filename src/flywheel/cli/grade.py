@@ -1,0 +1,36 @@
+"""`flywheel grade TASK_DIR WORKSPACE`: grade a finished workspace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from flywheel.errors import FlywheelError
+
+
+def grade(
+    task_dir: Path = typer.Argument(..., help="The task directory (task.toml, repo/, tests/, solution.patch)."),
+    workspace: Path = typer.Argument(..., help="The finished workspace to grade (it is copied, never modified)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the verdict as one JSON object."),
+) -> None:
+    """Grade WORKSPACE against the task's hidden tests; exit 0 when it succeeds, 1 when it does not."""
+    from flywheel.tasks import load_task
+    from flywheel.verify import grade as grade_workspace
+
+    task = load_task(task_dir)
+    if not workspace.is_dir():
+        raise FlywheelError(f"{workspace}: workspace is not a directory")
+    verdict = grade_workspace(task, workspace)
+    if as_json:
+        typer.echo(json.dumps(verdict.to_json()))
+    else:
+        f2p, p2p = verdict.fail_to_pass, verdict.pass_to_pass
+        state = "success" if verdict.success else "failed"
+        typer.echo(f"{task.id}: {state} (fail_to_pass {f2p[0]}/{f2p[1]}, pass_to_pass {p2p[0]}/{p2p[1]})")
+        if verdict.error:
+            typer.echo(f"  {verdict.error}")
+        if verdict.cheat:
+            typer.echo(f"  cheating: {', '.join(verdict.signatures)}")
+    raise typer.Exit(0 if verdict.success else 1)

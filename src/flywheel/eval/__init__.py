@@ -1,0 +1,114 @@
+"""Evaluation: run a suite through the harness and summarise success against cost.
+
+`run_eval` writes each trajectory to `RUN_DIR/trajectories.jsonl` as soon as it is graded (so an
+interrupted run keeps every finished attempt) and `summary.json` at the end. `summarize` is a pure
+function of trajectory records.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from flywheel.errors import FlywheelError
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval for a binomial proportion (sensible at 0 and n, unlike the normal one)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Success rate (with its 95% interval), cost, turns, steps to the first edit, endings."""
+    records = list(records)
+    n = len(records)
+    wins = sum(bool(r["success"]) for r in records)
+    costs = [float(r["cost"]) for r in records]
+    first_edits = [r["steps_to_first_edit"] for r in records if r.get("steps_to_first_edit") is not None]
+    lo, hi = wilson_interval(wins, n)
+    return {
+        "n": n,
+        "success_rate": wins / n if n else 0.0,
+        "success_ci95": [lo, hi],
+        "successes": wins,
+        "mean_cost": statistics.fmean(costs) if costs else 0.0,
+        "median_cost": _median(costs) or 0.0,
+        "mean_turns": statistics.fmean(r["n_turns"] for r in records) if n else 0.0,
+        "median_steps_to_first_edit": _median(first_edits),
+        "mean_completion_tokens": statistics.fmean(r["usage"]["completion_tokens"] for r in records) if n else 0.0,
+        "format_errors": sum(r.get("format_errors", 0) for r in records),
+        "cheats": sum(bool((r.get("verdict") or {}).get("cheat")) for r in records),
+        "endings": dict(sorted(Counter(r["ending"] for r in records).items())),
+    }
+
+
+def read_trajectories(path: Path) -> list[dict[str, Any]]:
+    """Records of a trajectories.jsonl; a torn last line (an interrupted write) is skipped."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def run_eval(
+    tasks: Sequence[Any],
+    model: Any,
+    out: Path,
+    *,
+    effort: str = "medium",
+    seed: int = 0,
+    concurrency: int = 8,
+    cfg: Any = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Evaluate `model` on `tasks` at one effort level; returns the summary also written to summary.json."""
+    from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort, run_episodes
+
+    out = Path(out)
+    traj_path = out / "trajectories.jsonl"
+    if traj_path.exists() and not overwrite:
+        raise FlywheelError(f"{traj_path} exists: choose another --out, or pass --overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+    level = get_effort(effort)
+    specs = [EpisodeSpec(task, level, seed=seed) for task in tasks]
+    with traj_path.open("w") as f:
+
+        def write(record: dict[str, Any]) -> None:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            if on_record:
+                on_record(record)
+
+        try:
+            run_episodes(specs, model, cfg=cfg or HarnessConfig(), concurrency=concurrency, on_record=write)
+        finally:
+            f.flush()
+            summary = write_summary(out, model_name=model.name, effort=effort)
+    return summary
+
+
+def write_summary(out: Path, **extra: Any) -> dict[str, Any]:
+    summary = {**extra, **summarize(read_trajectories(out / "trajectories.jsonl"))}
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1) + "\n")
+    tmp.replace(out / "summary.json")
+    return summary

@@ -1,0 +1,350 @@
+"""The agent loop: many episodes stepped together, one batched model call per step.
+
+Each episode owns a workspace (a copy of the task's repository), a conversation and its budgets. At every
+step the active episodes' requests go to the model in one `generate` call (the in-process engine batches
+them on its KV cache; the HTTP backend sends them concurrently); each completion is parsed into an action
+and executed, tools running in parallel threads. An episode ends with a typed ending (`ENDINGS`) and is
+graded by the shared verifier; its trajectory record is complete even when the attempt failed or the
+model errored.
+
+Cost is counted per episode from its own usage: prompt and completion tokens, and its compute seconds —
+the time its tools took plus its share of each batched generation call (by completion tokens), so that
+the cost of an attempt does not depend on how many other episodes ran beside it. `wall_s` is the elapsed
+time a user would have waited.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flywheel.harness.actions import STOP, TOOLS, Action, FormatError, parse_native, parse_tagged
+from flywheel.harness.cost import Pricing, pricing_for
+from flywheel.harness.effort import Effort
+from flywheel.harness.prompts import system_prompt, task_message
+from flywheel.harness.tools import Tools
+from flywheel.protocols import Completion, Model, Request, Sandbox
+from flywheel.seeding import stable_seed
+from flywheel.tasks.format import Task
+
+ENDINGS = (
+    "submitted",
+    "turn_limit",
+    "token_limit",
+    "time_limit",
+    "cost_limit",
+    "context_exhausted",
+    "format_errors",
+    "model_error",
+)
+
+
+@dataclass
+class HarnessConfig:
+    """How episodes are run (effort budgets live in `Effort`)."""
+
+    action_format: str = "auto"  # "tagged", "native", or "auto": native when the model says it supports it
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_format_errors: int = 3  # consecutive malformed actions before the episode ends
+    command_timeout_s: float = 30.0  # per shell / run_tests call
+    keep_workspaces: bool = False
+    policy_version: int = 0
+    pricing: Pricing | None = None  # None: by model name (flywheel.harness.cost.PRICES)
+    observation_chars: int = 4000  # longest observation kept in the conversation
+
+
+@dataclass
+class EpisodeSpec:
+    task: Task
+    effort: Effort
+    seed: int = 0
+    index: int = 0  # sample number within its (task, effort) group
+
+    @property
+    def id(self) -> str:
+        return f"{self.task.id}/{self.effort.name}/s{self.seed}/{self.index}"
+
+
+@dataclass
+class Episode:
+    spec: EpisodeSpec
+    tools: Tools
+    action_format: str
+    messages: list[dict[str, Any]]
+    turns: list[dict[str, Any]]
+    start: float = field(default_factory=time.perf_counter)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    compute_s: float = 0.0
+    format_errors: int = 0
+    format_errors_in_row: int = 0
+    n_turns: int = 0
+    first_edit_step: int | None = None
+    compactions: int = 0
+    ending: str | None = None
+    error: str | None = None
+    model_name: str = ""
+
+
+def _fmt(model: Model, cfg: HarnessConfig) -> str:
+    if cfg.action_format != "auto":
+        return cfg.action_format
+    return "native" if getattr(model, "native_tools", False) else "tagged"
+
+
+def start_episode(spec: EpisodeSpec, sandbox: Sandbox, action_format: str, cfg: HarnessConfig) -> Episode:
+    root = Path(tempfile.mkdtemp(prefix="flywheel-ep-"))
+    ws = root / "repo"
+    shutil.copytree(spec.task.repo, ws, symlinks=True)
+    files = sorted(p.relative_to(ws).as_posix() for p in ws.rglob("*") if p.is_file())
+    system = system_prompt(spec.effort, action_format)
+    user = task_message(spec.task, files)
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    turns = [{"role": "system", "text": system}, {"role": "user", "text": user}]
+    tools = Tools(spec.task, ws, sandbox, cfg.command_timeout_s)
+    return Episode(spec, tools, action_format, messages, turns)
+
+
+def make_request(ep: Episode, cfg: HarnessConfig) -> Request:
+    effort = ep.spec.effort
+    budget = max(1, min(effort.turn_tokens, effort.max_tokens - ep.completion_tokens))
+    native = ep.action_format == "native"
+    return Request(
+        messages=ep.messages,
+        max_tokens=budget,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        stop=[] if native else list(STOP),
+        tools=TOOLS if native else None,
+        seed=stable_seed(ep.spec.id, ep.n_turns),
+        meta={"task_dir": str(ep.spec.task.root), "episode": ep.spec.id, "turn": ep.n_turns},
+    )
+
+
+def _assistant_turn(c: Completion) -> dict[str, Any]:
+    turn: dict[str, Any] = {
+        "role": "assistant",
+        "text": c.text,
+        "finish_reason": c.finish_reason,
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+    }
+    if c.tool_calls:
+        turn["tool_calls"] = [{"name": t.get("name"), "arguments": t.get("arguments")} for t in c.tool_calls]
+    if c.token_ids is not None:
+        turn.update(prompt_ids=c.prompt_ids, token_ids=c.token_ids, logprobs=c.logprobs, kept=c.kept)
+    return turn
+
+
+def observe(ep: Episode, c: Completion, gen_share_s: float, cfg: HarnessConfig) -> None:
+    """Account for completion `c`, execute its action, and set the episode's ending if it has one."""
+    ep.n_turns += 1
+    ep.prompt_tokens += c.prompt_tokens
+    ep.completion_tokens += c.completion_tokens
+    ep.compute_s += gen_share_s
+    ep.turns.append(_assistant_turn(c))
+    if c.error or c.finish_reason == "error":
+        ep.ending, ep.error = "model_error", c.error or "model error"
+        return
+    if c.finish_reason == "context":
+        if compact(ep, cfg):
+            return
+        ep.ending = "context_exhausted"
+        return
+    if ep.action_format == "native":
+        _act_native(ep, c, cfg)
+    else:
+        _act_tagged(ep, c, cfg)
+    if not ep.ending:
+        ep.ending = budget_ending(ep, cfg)
+
+
+def _act_tagged(ep: Episode, c: Completion, cfg: HarnessConfig) -> None:
+    ep.messages.append({"role": "assistant", "content": c.text})
+    try:
+        action = parse_tagged(c.text)
+    except FormatError as e:
+        _format_error(ep, str(e), cfg, {"role": "user", "content": f"error: {e}"})
+        return
+    text = _execute(ep, action, cfg)
+    ep.messages.append({"role": "user", "content": text})
+
+
+def _act_native(ep: Episode, c: Completion, cfg: HarnessConfig) -> None:
+    calls = [dict(t, id=t.get("id") or f"call_{ep.n_turns}_{i}") for i, t in enumerate(c.tool_calls)]
+    message: dict[str, Any] = {"role": "assistant", "content": c.text or None}
+    if calls:
+        message["tool_calls"] = [
+            {"id": t["id"], "type": "function",
+             "function": {"name": t.get("name"), "arguments": json.dumps(t.get("arguments") or {})}}
+            for t in calls
+        ]
+    ep.messages.append(message)
+    if not calls:
+        _format_error(ep, "no tool call: call one of the tools", cfg, {"role": "user", "content": "error: call one of the tools"})
+        return
+    for t in calls:
+        try:
+            action = parse_native(t)
+        except FormatError as e:
+            _format_error(ep, str(e), cfg, {"role": "tool", "tool_call_id": t["id"], "content": f"error: {e}"})
+            continue
+        text = _execute(ep, action, cfg)
+        ep.messages.append({"role": "tool", "tool_call_id": t["id"], "content": text})
+        if ep.ending:
+            break
+
+
+def _format_error(ep: Episode, message: str, cfg: HarnessConfig, reply: dict[str, Any]) -> None:
+    ep.format_errors += 1
+    ep.format_errors_in_row += 1
+    ep.turns.append({"role": "tool", "name": "format_error", "text": f"error: {message}", "ok": False})
+    ep.messages.append(reply)
+    if ep.format_errors_in_row >= cfg.max_format_errors:
+        ep.ending = "format_errors"
+
+
+def _execute(ep: Episode, action: Action, cfg: HarnessConfig) -> str:
+    ep.format_errors_in_row = 0
+    result = ep.tools.execute(action)
+    ep.compute_s += result.seconds
+    text = _clip(result.text, cfg.observation_chars)
+    ep.turns.append({"role": "tool", "name": action.name, "arguments": action.args, "text": text, "ok": result.ok})
+    if result.edited and ep.first_edit_step is None:
+        ep.first_edit_step = ep.n_turns
+    if result.submitted:
+        ep.ending = "submitted"
+    return text
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - limit} characters elided ...]\n{text[-half:]}"
+
+
+def compact(ep: Episode, cfg: HarnessConfig) -> bool:
+    """Self-compaction: shorten old observations so the conversation fits again. False: nothing left to cut."""
+    changed = False
+    for m in ep.messages[2:-2]:
+        content = m.get("content") or ""
+        if m["role"] in ("user", "tool") and len(content) > 120:
+            m["content"] = content[:100] + "\n[older output elided]"
+            changed = True
+    if changed:
+        ep.compactions += 1
+        ep.turns.append({"role": "tool", "name": "compaction", "text": "older observations elided", "ok": True})
+    return changed
+
+
+def budget_ending(ep: Episode, cfg: HarnessConfig) -> str | None:
+    e = ep.spec.effort
+    if ep.n_turns >= e.max_turns:
+        return "turn_limit"
+    if ep.completion_tokens >= e.max_tokens:
+        return "token_limit"
+    if time.perf_counter() - ep.start >= e.wall_s:
+        return "time_limit"
+    if episode_cost(ep, cfg) >= e.max_cost:
+        return "cost_limit"
+    return None
+
+
+def episode_cost(ep: Episode, cfg: HarnessConfig) -> float:
+    pricing = cfg.pricing or pricing_for(ep.model_name)
+    return pricing.cost(ep.prompt_tokens, ep.completion_tokens, ep.compute_s)
+
+
+Grader = Callable[[Task, Path], Any]  # (task, workspace) -> Verdict
+
+
+def finish(ep: Episode, cfg: HarnessConfig, grader: Grader | None) -> dict[str, Any]:
+    """Grade the episode's workspace and build its trajectory record; never raises."""
+    verdict = None
+    try:
+        if grader is not None:
+            verdict = grader(ep.spec.task, ep.tools.workspace).to_json()
+    except Exception as e:  # a grading crash is recorded, not raised
+        verdict = {"success": False, "cheat": False, "signatures": [], "error": f"grader crashed: {e!r}"}
+    finally:
+        if not cfg.keep_workspaces:
+            shutil.rmtree(ep.tools.workspace.parent, ignore_errors=True)
+    success = bool(verdict and verdict["success"])
+    return {
+        "id": ep.spec.id,
+        "task_id": ep.spec.task.id,
+        "effort": ep.spec.effort.name,
+        "seed": ep.spec.seed,
+        "index": ep.spec.index,
+        "policy_version": cfg.policy_version,
+        "model": ep.model_name,
+        "action_format": ep.action_format,
+        "turns": ep.turns,
+        "n_turns": ep.n_turns,
+        "usage": {"prompt_tokens": ep.prompt_tokens, "completion_tokens": ep.completion_tokens},
+        "wall_s": round(time.perf_counter() - ep.start, 4),
+        "compute_s": round(ep.compute_s, 4),
+        "cost": episode_cost(ep, cfg),
+        "ending": ep.ending,
+        "error": ep.error,
+        "format_errors": ep.format_errors,
+        "steps_to_first_edit": ep.first_edit_step,
+        "compactions": ep.compactions,
+        "verdict": verdict,
+        "success": success,
+        "reward": 1.0 if success else 0.0,
+        "workspace": str(ep.tools.workspace) if cfg.keep_workspaces else None,
+    }
+
+
+def run_episodes(
+    specs: Sequence[EpisodeSpec],
+    model: Model,
+    *,
+    cfg: HarnessConfig | None = None,
+    sandbox: Sandbox | None = None,
+    grader: Grader | None = None,
+    concurrency: int = 8,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every episode to its ending, `concurrency` at a time; records in completion order.
+
+    `grader` defaults to the shared verifier (`flywheel.verify.grade`) on the same sandbox.
+    """
+    from flywheel.sandbox import get_sandbox
+    from flywheel.verify import grade
+
+    cfg = cfg or HarnessConfig()
+    sandbox = sandbox or get_sandbox()
+    grader = grader or (lambda task, ws: grade(task, ws, sandbox=sandbox))
+    action_format = _fmt(model, cfg)
+    pending, active, records = deque(specs), [], []
+    with ThreadPoolExecutor(max(2, concurrency)) as pool:
+        while pending or active:
+            while pending and len(active) < concurrency:
+                ep = start_episode(pending.popleft(), sandbox, action_format, cfg)
+                ep.model_name = model.name
+                active.append(ep)
+            t0 = time.perf_counter()
+            completions = model.generate([make_request(ep, cfg) for ep in active])
+            gen_s = time.perf_counter() - t0
+            total = sum(max(c.completion_tokens, 1) for c in completions)
+            shares = [gen_s * max(c.completion_tokens, 1) / total for c in completions]
+            list(pool.map(lambda a: observe(a[0], a[1], a[2], cfg), zip(active, completions, shares)))
+            done = [ep for ep in active if ep.ending]
+            active = [ep for ep in active if not ep.ending]
+            for record in pool.map(lambda ep: finish(ep, cfg, grader), done):
+                records.append(record)
+                if on_record:
+                    on_record(record)
+    return records

@@ -1,0 +1,36 @@
+"""Effort levels: a marker in the system prompt plus the budgets of an attempt, all in one place.
+
+SWE-2 trains `medium`, `high` and `max` in one RL run; each level is told which it is (the marker) and
+gets its own budget. The RL cost penalty λ_e of each level is calibrated separately (flywheel.rl).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Effort:
+    name: str
+    marker: str  # the line added to the system prompt
+    max_turns: int  # model turns before the episode ends with `turn_limit`
+    max_tokens: int  # completion tokens over the whole episode (`token_limit`)
+    wall_s: float  # wall-clock seconds for the whole attempt (`time_limit`)
+    max_cost: float  # dollars (`cost_limit`)
+    turn_tokens: int = 256  # completion tokens per model turn
+
+
+EFFORTS: dict[str, Effort] = {
+    "medium": Effort("medium", "Effort: medium. Be direct: fix the bug with as few steps as you can.", 10, 1500, 120.0, 0.05),
+    "high": Effort("high", "Effort: high. Investigate enough to be sure, then fix and verify.", 20, 3000, 240.0, 0.10),
+    "max": Effort("max", "Effort: max. Be thorough: explore, fix, and verify carefully.", 40, 6000, 480.0, 0.20),
+}
+
+
+def get_effort(name: str, **overrides: float) -> Effort:
+    """The effort level `name`, with budgets optionally overridden (used by λ calibration ladders)."""
+    from flywheel.errors import FlywheelError
+
+    if name not in EFFORTS:
+        raise FlywheelError(f"unknown effort '{name}' (choose from {', '.join(EFFORTS)})")
+    return replace(EFFORTS[name], **overrides) if overrides else EFFORTS[name]

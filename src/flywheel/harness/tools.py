@@ -1,0 +1,102 @@
+"""The tools an agent acts through, executed against one workspace.
+
+`view` and `edit` work on the workspace's files directly (paths are resolved inside the workspace; a
+path or symlink that leads outside it is refused). `shell` and `run_tests` run in the sandbox. Hidden
+tests never reach the workspace: `run_tests` runs the task's visible test command on the repository as
+the agent has it, and the grader restores the hidden tests only in its own copy.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from flywheel.harness.actions import Action
+from flywheel.protocols import Limits, Sandbox
+from flywheel.tasks.format import Task
+
+VIEW_LINES = 120  # lines shown by a `view` without a range
+OBSERVATION_BYTES = 4000  # tool output kept per observation (head and tail)
+
+
+@dataclass
+class ToolResult:
+    text: str
+    ok: bool = True  # False for a refused call (bad path, non-unique `old`, …)
+    edited: bool = False  # the workspace changed
+    submitted: bool = False
+    seconds: float = 0.0  # time spent in the sandbox
+
+
+class Tools:
+    def __init__(self, task: Task, workspace: Path, sandbox: Sandbox, command_timeout_s: float = 30.0):
+        self.task, self.workspace, self.sandbox = task, workspace.resolve(), sandbox
+        self.limits = Limits(timeout_s=command_timeout_s, output_bytes=OBSERVATION_BYTES)
+
+    def execute(self, action: Action) -> ToolResult:
+        handler = getattr(self, f"_{action.name}")
+        return handler(**action.args)
+
+    # -- tools ----------------------------------------------------------------------------------------
+
+    def _shell(self, command: str) -> ToolResult:
+        return self._run(["bash", "-c", command])
+
+    def _run_tests(self) -> ToolResult:
+        return self._run(["bash", "-c", self.task.test_command])
+
+    def _submit(self) -> ToolResult:
+        return ToolResult("submitted", submitted=True)
+
+    def _view(self, path: str, start: int | None = None, end: int | None = None) -> ToolResult:
+        target = self._resolve(path)
+        if isinstance(target, ToolResult):
+            return target
+        if not target.is_file():
+            return ToolResult(f"error: {path} is not a file", ok=False)
+        lines = target.read_text(errors="replace").splitlines()
+        lo = max(start or 1, 1)
+        hi = min(end or lo + VIEW_LINES - 1, len(lines))
+        if lo > max(len(lines), 1):
+            return ToolResult(f"error: {path} has {len(lines)} lines", ok=False)
+        body = "\n".join(f"{n:4d}| {lines[n - 1]}" for n in range(lo, hi + 1))
+        more = f"\n[{len(lines) - hi} more lines]" if hi < len(lines) else ""
+        return ToolResult(body + more)
+
+    def _edit(self, path: str, old: str, new: str) -> ToolResult:
+        target = self._resolve(path)
+        if isinstance(target, ToolResult):
+            return target
+        if old == "":
+            if target.exists():
+                return ToolResult(f"error: {path} exists; give the text to replace in `old`", ok=False)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(new)
+            return ToolResult(f"created {path}", edited=True)
+        if not target.is_file():
+            return ToolResult(f"error: {path} is not a file", ok=False)
+        text = target.read_text(errors="replace")
+        count = text.count(old)
+        if count != 1:
+            what = "not found" if count == 0 else f"found {count} times; make it unique"
+            return ToolResult(f"error: the old text was {what} in {path}", ok=False)
+        target.write_text(text.replace(old, new, 1))
+        line = text[: text.index(old)].count("\n") + 1
+        return ToolResult(f"edited {path} at line {line}", edited=True)
+
+    # -- helpers --------------------------------------------------------------------------------------
+
+    def _run(self, argv: list[str]) -> ToolResult:
+        r = self.sandbox.run(self.workspace, argv, limits=self.limits)
+        status = "timed out" if r.timed_out else f"exit code {r.exit_code}"
+        return ToolResult(f"{status}\n{r.output}".rstrip(), seconds=r.wall_s)
+
+    def _resolve(self, path: str) -> Path | ToolResult:
+        p = Path(path)
+        if p.is_absolute():
+            p = Path(*p.parts[2:]) if p.parts[:2] == ("/", "workspace") else p
+        target = (self.workspace / p).resolve()
+        if target != self.workspace and self.workspace not in target.parents:
+            return ToolResult(f"error: {shlex.quote(path)} is outside the repository", ok=False)
+        return target

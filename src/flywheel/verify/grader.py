@@ -1,0 +1,159 @@
+"""Grading a finished workspace on an isolated path.
+
+`grade(task, workspace)`:
+1. copies the workspace to a fresh directory (the agent's workspace is never graded in place; `.git`
+   and caches are left behind);
+2. restores the task's hidden tests over it, overwriting whatever the agent did to those paths, and puts
+   every `conftest.py` back as the task shipped it (agent-added ones are removed);
+3. runs the tests in the sandbox through the grader's own runner (`runner.py`), with pytest's
+   configuration taken from the grader's ini file, not from the workspace (`pytest.ini`, `tox.ini`,
+   `setup.cfg` and `pyproject.toml` sections written by the agent have no effect), and `python -I`, so
+   `sitecustomize`, `.pth` files and `PYTHONPATH` in the workspace are not loaded;
+4. reads each test's outcome from the runner's signed report, never from stdout, and decides: success
+   only when every fail_to_pass and every pass_to_pass test passed. Skipped, xfailed, errored, missing or
+   not-collected tests count as failed, and so does a run whose exit code disagrees with the report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from flywheel.protocols import Limits, Sandbox, Verdict
+from flywheel.tasks.format import Task
+
+RUNNER = Path(__file__).with_name("runner.py")
+IGNORED = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "*.pyc")
+PYTEST_INI = """[pytest]
+addopts = -q -p no:cacheprovider -p no:randomly -p no:xdist
+python_files = test_*.py *_test.py
+"""
+
+Detector = Callable[[Task, Path], list[str]]
+
+
+def prepare(task: Task, workspace: Path, dest: Path) -> None:
+    """Copy `workspace` to `dest` and restore the task's hidden tests and conftest files over it."""
+    shutil.copytree(workspace, dest, symlinks=True, ignore=IGNORED)
+    for rel in task.hidden_files():
+        _replace(task.hidden_tests / rel, dest / rel)
+    shipped = {p.relative_to(task.repo) for p in task.repo.rglob("conftest.py")}
+    shipped |= {Path(r) for r in task.hidden_files() if Path(r).name == "conftest.py"}
+    for p in list(dest.rglob("conftest.py")):
+        if p.relative_to(dest) not in shipped:
+            p.unlink()
+    for rel in shipped:
+        src = task.hidden_tests / rel if (task.hidden_tests / rel).exists() else task.repo / rel
+        _replace(src, dest / rel)
+
+
+def _replace(src: Path, dst: Path) -> None:
+    if dst.is_symlink() or dst.is_file():
+        dst.unlink()
+    elif dst.is_dir():
+        shutil.rmtree(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+
+
+def test_files(task: Task) -> list[str]:
+    """The test files that hold the task's fail_to_pass and pass_to_pass tests, in order."""
+    seen: dict[str, None] = {}
+    for test_id in (*task.fail_to_pass, *task.pass_to_pass):
+        seen.setdefault(test_id.split("::", 1)[0], None)
+    return list(seen)
+
+
+def read_report(report_dir: Path, key: bytes, exit_code: int) -> tuple[dict[str, str], str | None]:
+    """Outcomes from the runner's signed report, and an error when the report cannot be trusted."""
+    path = report_dir / "report.json"
+    if not path.is_file():
+        return {}, f"no test report (exit code {exit_code})"
+    try:
+        raw = json.loads(path.read_text())
+        body, sig = raw["body"], raw["sig"]
+    except (ValueError, KeyError, TypeError):
+        return {}, "malformed test report"
+    if not hmac.compare_digest(hmac.new(key, body.encode(), hashlib.sha256).hexdigest(), str(sig)):
+        return {}, "test report signature does not verify"
+    data = json.loads(body)
+    if int(data["exitstatus"]) != exit_code:
+        return {}, f"exit code {exit_code} disagrees with the report's {data['exitstatus']}"
+    return dict(data["outcomes"]), None
+
+
+def decide(task: Task, outcomes: dict[str, str]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(passed, total) for fail_to_pass and pass_to_pass; only 'passed' counts as passed."""
+
+    def count(ids: Iterable[str]) -> tuple[int, int]:
+        ids = list(ids)
+        return sum(outcomes.get(i) == "passed" for i in ids), len(ids)
+
+    return count(task.fail_to_pass), count(task.pass_to_pass)
+
+
+def grade(
+    task: Task,
+    workspace: Path,
+    *,
+    sandbox: Sandbox | None = None,
+    detector: Detector | None = None,
+    limits: Limits | None = None,
+) -> Verdict:
+    """Grade the finished `workspace` against `task` on a fresh copy; errors become a failed Verdict."""
+    from flywheel.sandbox import get_sandbox
+
+    start = time.perf_counter()
+    sandbox = sandbox or get_sandbox()
+    signatures = detector(task, Path(workspace)) if detector else []
+    with tempfile.TemporaryDirectory(prefix="flywheel-grade-") as tmp:
+        root = Path(tmp)
+        ws, grader_dir, report_dir = root / "workspace", root / "grader", root / "report"
+        grader_dir.mkdir()
+        report_dir.mkdir()
+        prepare(task, Path(workspace), ws)
+        shutil.copyfile(RUNNER, grader_dir / "runner.py")
+        (grader_dir / "pytest.ini").write_text(PYTEST_INI)
+        key = secrets.token_hex(32).encode()
+        (report_dir / "key").write_bytes(key)
+        argv = [_python(), "-I", "/grader/runner.py", "-c", "/grader/pytest.ini", "--rootdir", "/workspace"]
+        result = sandbox.run(
+            ws,
+            argv + test_files(task),
+            limits=limits or Limits(timeout_s=task.timeout_s),
+            extra_ro={grader_dir: Path("/grader")},
+            extra_rw={report_dir: Path("/report")},
+        )
+        outcomes, error = read_report(report_dir, key, result.exit_code)
+    if result.timed_out:
+        outcomes, error = {}, f"tests timed out after {task.timeout_s:g} s"
+    f2p, p2p = decide(task, outcomes)
+    passed = error is None and f2p[0] == f2p[1] and p2p[0] == p2p[1]
+    cheat = bool(signatures)
+    success = passed and not cheat
+    return Verdict(
+        task_id=task.id,
+        success=success,
+        reward=1.0 if success else 0.0,
+        cheat=cheat,
+        signatures=signatures,
+        fail_to_pass=f2p,
+        pass_to_pass=p2p,
+        error=error,
+        tests={t: outcomes.get(t, "missing") for t in (*task.fail_to_pass, *task.pass_to_pass)},
+        wall_s=time.perf_counter() - start,
+    )
+
+
+def _python() -> str:
+    """The interpreter the sandbox runs tests with: this one (its runtime is mounted read-only)."""
+    return os.environ.get("FLYWHEEL_PYTHON", sys.executable)

@@ -1,0 +1,59 @@
+"""Shared fixtures: a small real task written with the project's own writer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flywheel.tasks import Task, task_toml, write_task
+from flywheel.tasks.patch import make_patch
+
+GOOD = '''def clamp(x, lo, hi):
+    """Clamp x into [lo, hi]."""
+    if x < lo:
+        return lo
+    if x > hi:
+        return hi
+    return x
+'''
+BUGGY = GOOD.replace("if x > hi:", "if x >= hi + 1:")
+VISIBLE = '''from mathx import clamp
+
+
+def test_clamp_high():
+    assert clamp(5.5, 0, 5) == 5
+'''
+HIDDEN = VISIBLE + '''
+
+def test_clamp_low():
+    assert clamp(-1, 0, 5) == 0
+
+
+def test_clamp_inside():
+    assert clamp(3, 0, 5) == 3
+'''
+
+
+def build_clamp_task(dest: Path) -> Task:
+    """A one-function task: `clamp` lets values slightly above `hi` through."""
+    return write_task(
+        dest,
+        toml=task_toml(
+            id="clamp-1",
+            instruction="clamp(5.5, 0, 5) returns 5.5; values above the upper bound should be clamped to it.",
+            test_command="python -m pytest -q tests",
+            fail_to_pass=["tests/test_mathx.py::test_clamp_high"],
+            pass_to_pass=["tests/test_mathx.py::test_clamp_low", "tests/test_mathx.py::test_clamp_inside"],
+            timeout_s=30,
+            meta={"split": "train"},
+        ),
+        repo={"mathx.py": BUGGY, "tests/test_mathx.py": VISIBLE},
+        hidden_tests={"tests/test_mathx.py": HIDDEN},
+        solution_patch=make_patch({"mathx.py": BUGGY}, {"mathx.py": GOOD}),
+    )
+
+
+@pytest.fixture
+def clamp_task(tmp_path: Path) -> Task:
+    return build_clamp_task(tmp_path / "tasks" / "clamp-1")
