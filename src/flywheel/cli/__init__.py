@@ -33,6 +33,12 @@ def _register() -> None:
     app.add_typer(sandbox.app, name="sandbox")
     app.command("grade")(grade.grade)
     app.command("eval")(eval_cli.eval_)
+    from flywheel.cli import delta
+
+    app.add_typer(delta.app, name="delta")
+    from flywheel.cli import serve
+
+    app.command("serve")(serve.serve)
 
 
 def fail(message: str) -> None:

@@ -17,12 +17,13 @@ def grade(
 ) -> None:
     """Grade WORKSPACE against the task's hidden tests; exit 0 when it succeeds, 1 when it does not."""
     from flywheel.tasks import load_task
+    from flywheel.verify import default_detector
     from flywheel.verify import grade as grade_workspace
 
     task = load_task(task_dir)
     if not workspace.is_dir():
         raise FlywheelError(f"{workspace}: workspace is not a directory")
-    verdict = grade_workspace(task, workspace)
+    verdict = grade_workspace(task, workspace, detector=default_detector)
     if as_json:
         typer.echo(json.dumps(verdict.to_json()))
     else:

@@ -84,7 +84,8 @@ class Episode:
     start: float = field(default_factory=time.perf_counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    compute_s: float = 0.0
+    tool_s: float = 0.0  # seconds in the sandbox (shell, run_tests)
+    gen_s: float = 0.0  # this episode's share of the batched generation calls
     format_errors: int = 0
     format_errors_in_row: int = 0
     n_turns: int = 0
@@ -119,7 +120,7 @@ def make_request(ep: Episode, cfg: HarnessConfig) -> Request:
     budget = max(1, min(effort.turn_tokens, effort.max_tokens - ep.completion_tokens))
     native = ep.action_format == "native"
     return Request(
-        messages=ep.messages,
+        messages=list(ep.messages),
         max_tokens=budget,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
@@ -150,7 +151,7 @@ def observe(ep: Episode, c: Completion, gen_share_s: float, cfg: HarnessConfig) 
     ep.n_turns += 1
     ep.prompt_tokens += c.prompt_tokens
     ep.completion_tokens += c.completion_tokens
-    ep.compute_s += gen_share_s
+    ep.gen_s += gen_share_s
     ep.turns.append(_assistant_turn(c))
     if c.error or c.finish_reason == "error":
         ep.ending, ep.error = "model_error", c.error or "model error"
@@ -216,7 +217,7 @@ def _format_error(ep: Episode, message: str, cfg: HarnessConfig, reply: dict[str
 def _execute(ep: Episode, action: Action, cfg: HarnessConfig) -> str:
     ep.format_errors_in_row = 0
     result = ep.tools.execute(action)
-    ep.compute_s += result.seconds
+    ep.tool_s += result.seconds
     text = _clip(result.text, cfg.observation_chars)
     ep.turns.append({"role": "tool", "name": action.name, "arguments": action.args, "text": text, "ok": result.ok})
     if result.edited and ep.first_edit_step is None:
@@ -262,18 +263,30 @@ def budget_ending(ep: Episode, cfg: HarnessConfig) -> str | None:
 
 def episode_cost(ep: Episode, cfg: HarnessConfig) -> float:
     pricing = cfg.pricing or pricing_for(ep.model_name)
-    return pricing.cost(ep.prompt_tokens, ep.completion_tokens, ep.compute_s)
+    return pricing.cost(ep.prompt_tokens, ep.completion_tokens, ep.tool_s + ep.gen_s)
 
 
-Grader = Callable[[Task, Path], Any]  # (task, workspace) -> Verdict
+Grader = Callable[[Task, Path, dict], Any]  # (task, workspace, trajectory actions) -> Verdict
+
+
+def _call_grader(grader: Grader, ep: Episode) -> Any:
+    return grader(ep.spec.task, ep.tools.workspace, {"turns": _detector_turns(ep)})
+
+
+def _detector_turns(ep: Episode) -> list[dict[str, Any]]:
+    """The trajectory's actions in the shape the detector reads: assistant turns with tool calls."""
+    calls = [{"name": t["name"], "arguments": t.get("arguments") or {}} for t in ep.turns
+             if t["role"] == "tool" and t.get("name") in ("shell", "view", "edit")]
+    return [{"role": "assistant", "tool_calls": calls}]
 
 
 def finish(ep: Episode, cfg: HarnessConfig, grader: Grader | None) -> dict[str, Any]:
     """Grade the episode's workspace and build its trajectory record; never raises."""
+    wall_s = time.perf_counter() - ep.start  # the attempt itself, grading excluded
     verdict = None
     try:
         if grader is not None:
-            verdict = grader(ep.spec.task, ep.tools.workspace).to_json()
+            verdict = _call_grader(grader, ep).to_json()
     except Exception as e:  # a grading crash is recorded, not raised
         verdict = {"success": False, "cheat": False, "signatures": [], "error": f"grader crashed: {e!r}"}
     finally:
@@ -292,8 +305,10 @@ def finish(ep: Episode, cfg: HarnessConfig, grader: Grader | None) -> dict[str, 
         "turns": ep.turns,
         "n_turns": ep.n_turns,
         "usage": {"prompt_tokens": ep.prompt_tokens, "completion_tokens": ep.completion_tokens},
-        "wall_s": round(time.perf_counter() - ep.start, 4),
-        "compute_s": round(ep.compute_s, 4),
+        "wall_s": round(wall_s, 4),
+        "compute_s": round(ep.tool_s + ep.gen_s, 4),
+        "tool_s": round(ep.tool_s, 4),
+        "gen_s": round(ep.gen_s, 4),
         "cost": episode_cost(ep, cfg),
         "ending": ep.ending,
         "error": ep.error,
@@ -322,11 +337,11 @@ def run_episodes(
     `grader` defaults to the shared verifier (`flywheel.verify.grade`) on the same sandbox.
     """
     from flywheel.sandbox import get_sandbox
-    from flywheel.verify import grade
+    from flywheel.verify import detect, grade
 
     cfg = cfg or HarnessConfig()
     sandbox = sandbox or get_sandbox()
-    grader = grader or (lambda task, ws: grade(task, ws, sandbox=sandbox))
+    grader = grader or (lambda task, ws, traj: grade(task, ws, sandbox=sandbox, detector=lambda t, w: detect(t, w, traj)))
     action_format = _fmt(model, cfg)
     pending, active, records = deque(specs), [], []
     with ThreadPoolExecutor(max(2, concurrency)) as pool:

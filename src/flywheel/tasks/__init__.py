@@ -20,7 +20,7 @@ __all__ = ["Task", "load_task", "task_toml", "write_task", "load_suite", "builti
 
 # Built-in suites by name -> module exposing VERSION: str and build(out: Path, seed: int) -> None.
 _BUILTIN = {
-    "toybugs": "flywheel.tasks.toybugs",
+    "toybugs": "flywheel.tasks.toy",
     "humaneval": "flywheel.tasks.humaneval",
 }
 DEFAULT_SEED = 0

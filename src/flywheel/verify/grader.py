@@ -86,6 +86,8 @@ def read_report(report_dir: Path, key: bytes, exit_code: int) -> tuple[dict[str,
     if not hmac.compare_digest(hmac.new(key, body.encode(), hashlib.sha256).hexdigest(), str(sig)):
         return {}, "test report signature does not verify"
     data = json.loads(body)
+    if data.get("tampered"):
+        return {}, "test framework modified during the run: " + ", ".join(data["tampered"][:5])
     if int(data["exitstatus"]) != exit_code:
         return {}, f"exit code {exit_code} disagrees with the report's {data['exitstatus']}"
     return dict(data["outcomes"]), None
@@ -130,6 +132,7 @@ def grade(
             ws,
             argv + test_files(task),
             limits=limits or Limits(timeout_s=task.timeout_s),
+            env={"FLYWHEEL_REPORT_DIR": "/report"},
             extra_ro={grader_dir: Path("/grader")},
             extra_rw={report_dir: Path("/report")},
         )

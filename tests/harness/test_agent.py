@@ -1,0 +1,143 @@
+"""The real agent loop, driven by the scripted oracle and by small fake models (no mocking)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from flywheel.harness import ENDINGS, EpisodeSpec, HarnessConfig, Pricing, get_effort, run_episodes
+from flywheel.models.scripted import ScriptedModel
+from flywheel.protocols import Completion
+
+
+class FakeModel:
+    """Answers every request with `reply(request)`; records what it was asked."""
+
+    def __init__(self, reply, name="fake", native=False):
+        self.reply, self.name, self.native_tools = reply, name, native
+        self.requests = []
+
+    def generate(self, requests):
+        self.requests.extend(requests)
+        return [self.reply(r) for r in requests]
+
+
+def text(s, tokens=5, **kw):
+    return lambda r: Completion(s, prompt_tokens=10, completion_tokens=tokens, **kw)
+
+
+def run(task, model, effort="medium", cfg=None, **overrides):
+    level = get_effort(effort, **overrides)
+    return run_episodes([EpisodeSpec(task, level)], model, cfg=cfg or HarnessConfig(), concurrency=2)[0]
+
+
+@pytest.mark.parametrize("action_format", ["tagged", "native"])
+def test_scripted_oracle_solves_through_the_real_grader(clamp_task, action_format):
+    rec = run(clamp_task, ScriptedModel(), cfg=HarnessConfig(action_format=action_format))
+    assert rec["ending"] == "submitted" and rec["success"] and rec["reward"] == 1.0
+    names = [t["name"] for t in rec["turns"] if t["role"] == "tool"]
+    assert names == ["run_tests", "view", "edit", "run_tests", "submit"]
+    assert rec["steps_to_first_edit"] == 3 and rec["n_turns"] == 5
+    assert rec["verdict"]["fail_to_pass"] == {"passed": 1, "total": 1}
+    assert rec["cost"] > 0 and rec["usage"]["completion_tokens"] > 0
+
+
+def test_noisy_oracle_varies_but_still_solves(clamp_task):
+    recs = run_episodes(
+        [EpisodeSpec(clamp_task, get_effort("max"), seed=s) for s in range(4)], ScriptedModel(noisy=True), concurrency=4
+    )
+    assert all(r["success"] for r in recs)
+    assert len({r["n_turns"] for r in recs}) > 1
+
+
+def test_cost_is_priced_from_usage_and_compute_time(clamp_task):
+    price = Pricing(prompt_per_m=1e6, completion_per_m=2e6, per_second=0.0)
+    rec = run(clamp_task, FakeModel(text("<submit/>", tokens=7)), cfg=HarnessConfig(pricing=price))
+    assert rec["cost"] == pytest.approx(10 * 1.0 + 7 * 2.0)
+
+
+@pytest.mark.parametrize(
+    "ending,model,overrides",
+    [
+        ("submitted", FakeModel(text("<submit/>")), {}),
+        ("turn_limit", FakeModel(text("<view path=\"mathx.py\"/>")), {"max_turns": 2}),
+        ("token_limit", FakeModel(text("<view path=\"mathx.py\"/>", tokens=400)), {"max_tokens": 1000}),
+        ("time_limit", FakeModel(text("<view path=\"mathx.py\"/>")), {"wall_s": 0.0}),
+        ("cost_limit", FakeModel(text("<view path=\"mathx.py\"/>")), {"max_cost": 1e-9}),
+        ("context_exhausted", FakeModel(text("", finish_reason="context")), {}),
+        ("format_errors", FakeModel(text("I am thinking about it.")), {}),
+        ("model_error", FakeModel(text("", finish_reason="error", error="server exploded")), {}),
+    ],
+)
+def test_every_ending_is_typed_and_recorded(clamp_task, ending, model, overrides):
+    rec = run(clamp_task, model, **overrides)
+    assert rec["ending"] == ending
+    assert rec["verdict"] is not None and rec["success"] is False
+    if ending == "model_error":
+        assert rec["error"] == "server exploded"
+    if ending == "format_errors":
+        assert rec["format_errors"] == HarnessConfig().max_format_errors
+
+
+def test_endings_list_is_complete():
+    assert set(ENDINGS) == {
+        "submitted", "turn_limit", "token_limit", "time_limit", "cost_limit",
+        "context_exhausted", "format_errors", "model_error",
+    }
+
+
+def test_self_compaction_shortens_old_observations(clamp_task):
+    calls = {"n": 0}
+
+    def reply(r):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            return Completion("", prompt_tokens=10, completion_tokens=1, finish_reason="context")
+        return Completion('<view path="mathx.py"/>' if calls["n"] < 5 else "<submit/>", prompt_tokens=10, completion_tokens=5)
+
+    rec = run(clamp_task, FakeModel(reply))
+    assert rec["ending"] == "submitted" and rec["compactions"] == 1
+
+
+def test_agent_cannot_see_hidden_tests_through_any_tool(clamp_task):
+    root = clamp_task.root
+    probes = [
+        "<shell>cat tests/test_mathx.py</shell>",
+        f"<shell>cat {root}/tests/tests/test_mathx.py; ls {root}</shell>",
+        "<shell>grep -rl test_clamp_low / --include=*.py 2>/dev/null | head</shell>",
+        f'<view path="{root}/tests/tests/test_mathx.py"/>',
+        '<view path="../../tests/tests/test_mathx.py"/>',
+        "<run_tests/>",
+        "<submit/>",
+    ]
+    it = iter(probes)
+    rec = run(clamp_task, FakeModel(lambda r: Completion(next(it), prompt_tokens=1, completion_tokens=1)), "max")
+    observations = [t["text"] for t in rec["turns"] if t["role"] == "tool"]
+    assert len(observations) == len(probes)
+    assert not any("test_clamp_low" in o for o in observations), observations
+    assert "outside the repository" in observations[3]
+
+
+def test_malformed_action_gets_an_error_observation_and_the_episode_goes_on(clamp_task):
+    it = iter(["<view/>", "<submit/>"])
+    model = FakeModel(lambda r: Completion(next(it), prompt_tokens=1, completion_tokens=1))
+    rec = run(clamp_task, model)
+    assert rec["ending"] == "submitted" and rec["format_errors"] == 1
+    assert "needs a path" in model.requests[1].messages[-1]["content"]
+
+
+def test_in_process_token_data_is_recorded(clamp_task):
+    reply = text("<submit/>", token_ids=[1, 2], logprobs=[-0.1, -0.2], kept=[[1, 3], None], prompt_ids=[9])
+    rec = run(clamp_task, FakeModel(reply))
+    turn = next(t for t in rec["turns"] if t["role"] == "assistant")
+    assert turn["token_ids"] == [1, 2] and turn["kept"] == [[1, 3], None] and turn["prompt_ids"] == [9]
+
+
+def test_effort_marker_reaches_the_system_prompt(clamp_task):
+    model = FakeModel(text("<submit/>"))
+    for effort in ("medium", "high", "max"):
+        run(clamp_task, model, effort)
+    systems = [r.messages[0]["content"] for r in model.requests]
+    assert [get_effort(e).marker in s for e, s in zip(("medium", "high", "max"), systems)] == [True] * 3
+    assert dataclasses.asdict(get_effort("max"))["max_turns"] > get_effort("medium").max_turns

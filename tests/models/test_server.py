@@ -1,0 +1,236 @@
+"""The OpenAI-compatible server as raw HTTP clients see it, its pure parts, and `flywheel serve`."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from flywheel.models.server import (
+    ApiError,
+    Batcher,
+    ServerConfig,
+    chat_response,
+    check_completions,
+    parse_chat_request,
+    serve_model,
+)
+from flywheel.protocols import Completion, Request
+
+
+class Shout:
+    """Answers the last message in capitals, or calls `shout` with it when tools are offered."""
+
+    name = "shout"
+
+    def __init__(self) -> None:
+        self.batches: list[list[Request]] = []
+
+    def generate(self, requests):
+        self.batches.append(list(requests))
+        out = []
+        for r in requests:
+            last = r.messages[-1].get("content") or ""
+            if last == "raise":
+                raise RuntimeError("boom")
+            calls = [{"name": "shout", "arguments": {"text": last}}] if r.tools else []
+            text = "" if calls else last.upper()
+            out.append(Completion(text, prompt_tokens=len(r.messages), completion_tokens=2, tool_calls=calls))
+        return out
+
+
+@pytest.fixture
+def shout() -> Shout:
+    return Shout()
+
+
+@pytest.fixture
+def server(shout):
+    srv, _ = serve_model(shout, config=ServerConfig(batch_window_s=0.002))
+    yield srv
+    srv.close()
+
+
+def call(server, method: str, path: str, body: bytes | dict | None = None, conn=None):
+    conn = conn or http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    return resp.status, json.loads(resp.read())
+
+
+def chat(**body):
+    return {"model": "shout", "messages": [{"role": "user", "content": "hi"}], **body}
+
+
+def test_models_and_a_chat_completion(server):
+    assert call(server, "GET", "/v1/models")[1]["data"][0]["id"] == "shout"
+    status, r = call(server, "POST", "/v1/chat/completions", chat())
+    assert status == 200 and r["object"] == "chat.completion" and r["model"] == "shout"
+    assert r["choices"][0]["message"] == {"role": "assistant", "content": "HI"}
+    assert r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    assert r["id"].startswith("chatcmpl-") and isinstance(r["created"], int)
+
+
+def test_tool_calls_are_openai_tool_calls(server):
+    tools = [{"type": "function", "function": {"name": "shout", "parameters": {"type": "object"}}}]
+    status, r = call(server, "POST", "/v1/chat/completions", chat(tools=tools))
+    choice = r["choices"][0]
+    assert status == 200 and choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [tc] = choice["message"]["tool_calls"]
+    assert tc["type"] == "function" and tc["id"].startswith("call_")
+    assert tc["function"]["name"] == "shout" and json.loads(tc["function"]["arguments"]) == {"text": "hi"}
+
+
+def test_keep_alive_and_n_choices(server, shout):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    call(server, "POST", "/v1/chat/completions", chat(), conn=conn)
+    status, r = call(server, "POST", "/chat/completions", chat(n=3, seed=5), conn=conn)
+    assert status == 200 and [c["index"] for c in r["choices"]] == [0, 1, 2]
+    assert r["usage"]["completion_tokens"] == 6
+    assert [q.seed for q in shout.batches[-1]] == [5, 6, 7]  # the copies went in one batch
+
+
+@pytest.mark.parametrize(
+    "body,status,param",
+    [
+        (b"{not json", 400, None),
+        (chat(stream=True), 400, "stream"),
+        ({"model": "shout"}, 400, "messages"),
+        (chat(messages=[{"content": "no role"}]), 400, "messages[0]"),
+        (chat(temperature="hot"), 400, "temperature"),
+        (chat(top_p=0), 400, "top_p"),
+        (chat(max_tokens=0), 400, "max_tokens"),
+        (chat(stop=[1]), 400, "stop"),
+        (chat(n=100), 400, "n"),
+    ],
+)
+def test_bad_requests_are_400_with_openai_errors(server, body, status, param):
+    got, r = call(server, "POST", "/v1/chat/completions", body)
+    assert got == status and r["error"]["type"] == "invalid_request_error" and r["error"]["param"] == param
+    assert r["error"]["message"]
+
+
+def test_stream_refusal_says_why(server):
+    _, r = call(server, "POST", "/v1/chat/completions", chat(stream=True))
+    assert "streaming is not supported" in r["error"]["message"]
+
+
+def test_unknown_paths_are_404(server):
+    assert call(server, "GET", "/v1/nothing")[0] == 404
+    assert call(server, "POST", "/v1/completions", chat())[0] == 404
+
+
+def test_model_errors_are_500(server):
+    status, r = call(
+        server, "POST", "/v1/chat/completions", chat(messages=[{"role": "user", "content": "raise"}])
+    )
+    assert status == 500 and r["error"]["type"] == "server_error" and "boom" in r["error"]["message"]
+    assert call(server, "POST", "/v1/chat/completions", chat())[0] == 200  # and it keeps serving
+
+
+def test_close_frees_the_port(shout):
+    srv, thread = serve_model(shout)
+    port = srv.port
+    srv.close()
+    thread.join(5)
+    assert not thread.is_alive()
+    with pytest.raises(ConnectionRefusedError):
+        http.client.HTTPConnection("127.0.0.1", port, timeout=5).request("GET", "/v1/models")
+
+
+# ------------------------------------------------------------------------------------ pure functions
+
+
+def test_parse_chat_request_fields():
+    body = chat(
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+        ],
+        max_completion_tokens=9,
+        temperature=0,
+        top_p=0.5,
+        stop="END",
+        seed=1,
+        tools=[{"type": "function", "function": {"name": "t"}}],
+        tool_choice="none",
+    )
+    [r] = parse_chat_request(body)
+    assert r.messages == [{"role": "user", "content": "ab"}]
+    assert (r.max_tokens, r.temperature, r.top_p, r.stop, r.seed, r.tools) == (9, 0.0, 0.5, ["END"], 1, None)
+    assert parse_chat_request(chat(flywheel_meta={"episode": "e"}))[0].meta == {"episode": "e"}
+    image = chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+    with pytest.raises(ApiError, match="only text"):
+        parse_chat_request(image)
+
+
+def test_check_completions():
+    check_completions([Completion("ok")])
+    with pytest.raises(ApiError) as e:
+        check_completions([Completion("", finish_reason="context", prompt_tokens=4000)])
+    assert e.value.status == 400 and e.value.code == "context_length_exceeded"
+    with pytest.raises(ApiError) as e:
+        check_completions([Completion("", finish_reason="error", error="oom")])
+    assert e.value.status == 500 and "oom" in e.value.message
+    check_completions([Completion("partial", finish_reason="context", completion_tokens=3)])
+
+
+def test_chat_response_keeps_raw_arguments_and_maps_context_to_length():
+    bad = {"id": "c1", "name": "view", "arguments": None, "arguments_raw": "{oops"}
+    r = chat_response("m", [Completion("", tool_calls=[bad])], created=1, response_id="x")
+    assert r["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == "{oops"
+    r = chat_response("m", [Completion("cut", finish_reason="context", completion_tokens=3)])
+    assert r["choices"][0]["finish_reason"] == "length"
+
+
+def test_batcher_caps_batches_and_fails_after_close(shout):
+    batcher = Batcher(shout, window_s=0.5, max_batch=2)
+    texts = [f"r{i}" for i in range(5)]
+    with ThreadPoolExecutor(5) as pool:
+        out = list(
+            pool.map(lambda t: batcher.submit([Request(messages=[{"role": "user", "content": t}])]), texts)
+        )
+    assert [c.text for [c] in out] == [t.upper() for t in texts]
+    assert max(len(b) for b in shout.batches) == 2 and sum(len(b) for b in shout.batches) == 5
+    batcher.close()
+    with pytest.raises(ApiError) as e:
+        batcher.submit([Request(messages=[{"role": "user", "content": "x"}])])
+    assert e.value.status == 503
+
+
+# ------------------------------------------------------------------------------------------ the CLI
+
+
+def test_serve_command_serves_until_interrupted():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flywheel", "serve", "--model", "scripted", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving scripted at http://127.0.0.1:"), proc.stderr.read()
+        port = int(line.rsplit(":", 1)[1].split("/")[0])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/v1/models")
+        assert json.loads(conn.getresponse().read())["data"][0]["id"] == "scripted"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_serve_command_refuses_an_unknown_model():
+    r = subprocess.run(
+        [sys.executable, "-m", "flywheel", "serve", "--model", "nosuch"], capture_output=True, text=True
+    )
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "unknown model" in lines[0], r.stderr

@@ -1,0 +1,55 @@
+"""build_tiny_model: deterministic HF-format files that load back as a working tokenizer and Llama."""
+
+from __future__ import annotations
+
+import pytest
+
+from flywheel.errors import FlywheelError
+from flywheel.models.tiny import IM_END, PAD, build_tiny_model
+
+TEXTS = ["def f(x):\n    return x * 2\n", "hello wörld ✓ ", "while True:\n    pass\n"] * 8
+
+
+def build(path, **kw):
+    return build_tiny_model(path, TEXTS, vocab_size=300, hidden=32, layers=1, heads=2, **kw)
+
+
+def files(path):
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+def test_same_inputs_same_files(tmp_path):
+    a, b = build(tmp_path / "a"), build(tmp_path / "b")
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(files(a))
+    assert files(a) == files(b)
+    assert files(build(tmp_path / "c", seed=1))["model.safetensors"] != files(a)["model.safetensors"]
+
+
+def test_loads_back_with_special_tokens_and_template(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = build(tmp_path / "m")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert model.config.vocab_size == len(tok) <= 300
+    assert tok.eos_token == IM_END and tok.pad_token == PAD
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+    text = "naïve ☃ bytes \x07 round-trip"
+    assert tok.decode(tok(text)["input_ids"]) == text
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+    assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    assert ids.count(tok.eos_token_id) == 1
+
+
+def test_refuses_non_empty_dir_and_bad_shape(tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    with pytest.raises(FlywheelError, match="non-empty"):
+        build(tmp_path / "full")
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+    with pytest.raises(FlywheelError, match="divisible"):
+        build_tiny_model(tmp_path / "x", TEXTS, hidden=30, heads=4)
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,110 @@
+"""Reward, baselines and advantages: known answers and the variance property of the baseline."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from flywheel.rl import (
+    advantages,
+    advantages_flat,
+    group_mean_baseline,
+    length_weighted_baseline,
+    reward,
+)
+
+
+def test_reward_honest_success_pays_cost():
+    assert reward(True, False, cost=2.0, lam=0.1) == pytest.approx(0.8)
+
+
+def test_reward_failure_is_minus_cost():
+    assert reward(False, False, cost=2.0, lam=0.1) == pytest.approx(-0.2)
+
+
+def test_reward_cheat_scores_like_failure_even_when_tests_pass():
+    assert reward(True, True, cost=2.0, lam=0.1) == reward(False, False, cost=2.0, lam=0.1)
+    assert reward(True, True, cost=0.0, lam=0.0) == 0.0
+
+
+@pytest.mark.parametrize("cost, lam", [(1.0, -0.1), (math.nan, 0.1), (1.0, math.inf)])
+def test_reward_rejects_bad_prices(cost, lam):
+    with pytest.raises(ValueError):
+        reward(True, False, cost=cost, lam=lam)
+
+
+def test_length_weighted_baseline_worked_example():
+    # (1·10 + 0·30 + 0.5·20) / (10 + 30 + 20) = 20 / 60
+    assert length_weighted_baseline([1.0, 0.0, 0.5], [10, 30, 20]) == pytest.approx(1 / 3)
+    # the plain mean of the same rewards is 0.5: the long failure pulls the weighted baseline down
+    assert group_mean_baseline([1.0, 0.0, 0.5]) == pytest.approx(0.5)
+
+
+def test_length_weighted_equals_mean_for_equal_lengths():
+    rewards = [0.3, -0.2, 1.0, 0.0]
+    assert length_weighted_baseline(rewards, [7] * 4) == pytest.approx(group_mean_baseline(rewards))
+
+
+def test_length_weighted_falls_back_to_mean_when_no_tokens():
+    assert length_weighted_baseline([1.0, 0.0, 0.0, 0.0], [0, 0, 0, 0]) == pytest.approx(0.25)
+
+
+def test_zero_length_rollouts_do_not_move_the_baseline():
+    assert length_weighted_baseline([1.0, -5.0], [4, 0]) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "rewards, lengths",
+    [([1.0], [1, 2]), ([1.0, 0.0], [3, -1]), ([], [])],
+    ids=["mismatch", "negative", "empty"],
+)
+def test_baseline_rejects_bad_input(rewards, lengths):
+    with pytest.raises(ValueError):
+        length_weighted_baseline(rewards, lengths)
+
+
+def test_length_weighted_baseline_minimises_length_weighted_squared_advantage():
+    """b* = argmin_b Σ (R_i - b)² L_i: the gradient variance when ‖g_i‖² ∝ L_i (see objective.py)."""
+    rng = random.Random(0)
+    rewards = [rng.choice([1.0, 0.0]) - 0.01 * rng.random() for _ in range(16)]
+    lengths = [rng.randint(1, 400) for _ in range(16)]
+
+    def variance(b: float) -> float:
+        return sum((r - b) ** 2 * n for r, n in zip(rewards, lengths, strict=True))
+
+    best = length_weighted_baseline(rewards, lengths)
+    assert variance(best) < variance(group_mean_baseline(rewards))
+    assert variance(best) < min(variance(best - 1e-3), variance(best + 1e-3))
+
+
+def test_advantages_by_group_known_answer():
+    groups = {
+        ("t1", "medium"): [(1.0, 10), (0.0, 30)],  # b = 10/40 = 0.25
+        ("t1", "high"): [(0.5, 5)],  # a group of one has no peer: advantage 0
+    }
+    out = advantages(groups)
+    assert out[("t1", "medium")] == pytest.approx([0.75, -0.25])
+    assert out[("t1", "high")] == [0.0]
+    assert advantages(groups, baseline="mean")[("t1", "medium")] == pytest.approx([0.5, -0.5])
+
+
+def test_length_weighted_advantages_cancel_token_weighted():
+    rng = random.Random(1)
+    group = [(rng.uniform(-1, 1), rng.randint(0, 50)) for _ in range(9)]
+    adv = advantages({"g": group})["g"]
+    assert sum(a * n for a, (_, n) in zip(adv, group, strict=True)) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_advantages_flat_keeps_input_order_with_interleaved_groups():
+    rewards = [1.0, 0.0, 0.0, 1.0]
+    lengths = [10, 5, 30, 5]
+    keys = [("a", "medium"), ("b", "medium"), ("a", "medium"), ("b", "medium")]
+    # group a: b = 10/40 = 0.25; group b: b = 5/10 = 0.5
+    assert advantages_flat(rewards, lengths, keys) == pytest.approx([0.75, -0.5, -0.25, 0.5])
+
+
+def test_unknown_baseline_is_refused():
+    with pytest.raises(ValueError, match="unknown baseline"):
+        advantages({"g": [(1.0, 1)]}, baseline="median")  # type: ignore[arg-type]
