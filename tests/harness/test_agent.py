@@ -43,6 +43,7 @@ def test_scripted_oracle_solves_through_the_real_grader(clamp_task, action_forma
     assert rec["cost"] > 0 and rec["usage"]["completion_tokens"] > 0
 
 
+@pytest.mark.slow
 def test_noisy_oracle_varies_but_still_solves(clamp_task):
     recs = run_episodes(
         [EpisodeSpec(clamp_task, get_effort("max"), seed=s) for s in range(4)], ScriptedModel(noisy=True), concurrency=4
@@ -105,7 +106,7 @@ def test_agent_cannot_see_hidden_tests_through_any_tool(clamp_task):
     probes = [
         "<shell>cat tests/test_mathx.py</shell>",
         f"<shell>cat {root}/tests/tests/test_mathx.py; ls {root}</shell>",
-        "<shell>grep -rl test_clamp_low / --include=*.py 2>/dev/null | head</shell>",
+        "<shell>grep -rl test_clamp_low /tmp /root /home /work /workspace 2>/dev/null | head</shell>",
         f'<view path="{root}/tests/tests/test_mathx.py"/>',
         '<view path="../../tests/tests/test_mathx.py"/>',
         "<run_tests/>",

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
+
+try:  # typer ships its own copy of click from 0.29 on; its exceptions are the ones raised
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - older typer uses the click package
+    from click import exceptions as click_exceptions
 
 from flywheel.errors import FlywheelError
 
@@ -43,7 +47,7 @@ def _register() -> None:
 
 def fail(message: str) -> None:
     """Print one error line and exit 2."""
-    click.echo(f"flywheel: error: {message}", err=True)
+    typer.echo(f"flywheel: error: {message}", err=True)
     raise SystemExit(2)
 
 
@@ -54,16 +58,16 @@ def main(argv: list[str] | None = None) -> None:
         rc = command.main(args=argv, prog_name="flywheel", standalone_mode=False)
     except FlywheelError as e:
         fail(str(e))
-    except click.exceptions.NoArgsIsHelpError as e:
-        click.echo(e.ctx.get_help() if e.ctx else "", err=True)
+    except click_exceptions.NoArgsIsHelpError as e:
+        typer.echo(e.ctx.get_help() if e.ctx else "", err=True)
         raise SystemExit(2) from None
-    except click.UsageError as e:
+    except click_exceptions.UsageError as e:
         hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
         fail(f"{e.format_message()}{hint}")
-    except click.Abort:
-        click.echo("aborted", err=True)
+    except click_exceptions.Abort:
+        typer.echo("aborted", err=True)
         raise SystemExit(130) from None
-    except click.ClickException as e:
+    except click_exceptions.ClickException as e:
         fail(e.format_message())
     raise SystemExit(rc if isinstance(rc, int) else 0)
 

@@ -11,7 +11,7 @@ and every method of a top-level class, and for each site an operator accepts it 
 | `arithmetic_operator` | `+` <-> `-`, `*` <-> `/`, `//` -> `/`, `%` -> `//` (also in `+=` and friends) |
 | `boolean_operator` | `and` <-> `or` |
 | `drop_statement` | remove one statement from a block of two or more (never the docstring) |
-| `invert_condition` | `if c:` -> `if not c:` (and `while`, `x if c else y`) |
+| `invert_condition` | `if c:` -> `if not c:`, `if a < b:` -> `if a >= b:` (also `while`, `x if c else y`) |
 | `wrong_return` | `return x` -> `return None`, `return True` -> `return False`, `return x` -> `return y` |
 
 The mutated node is applied to a copy of the function's AST, and the edit is written back into the
@@ -81,6 +81,18 @@ _CMP_FLIP = {
     ast.Is: ast.IsNot,
     ast.IsNot: ast.Is,
 }
+_COMPLEMENT = {
+    ast.Lt: ast.GtE,
+    ast.GtE: ast.Lt,
+    ast.LtE: ast.Gt,
+    ast.Gt: ast.LtE,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
 _ARITH = {
     ast.Add: ast.Sub,
     ast.Sub: ast.Add,
@@ -110,6 +122,7 @@ _SYMBOL = {
     ast.And: "and",
     ast.Or: "or",
 }
+_COMPOUND = (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)
 _NO_SWAP_CALLS = {"isinstance", "issubclass", "getattr", "hasattr", "setattr", "max", "min", "divmod"}
 
 
@@ -167,8 +180,7 @@ def _edits(func: ast.AST, kinds) -> Iterator[_Edit]:
         "invert_condition": _invert_condition,
         "wrong_return": _wrong_return,
     }
-    docstrings = {id(n) for n in ast.walk(func) if _is_docstring_holder(n)}
-    nodes = [n for n in _body_nodes(func) if id(n) not in docstrings]
+    nodes = [func] + [n for n in _body_nodes(func) if not _is_docstring_holder(n)]
     for kind in KINDS:
         if kind in kinds:
             for node in nodes:
@@ -280,7 +292,7 @@ def _drop_statement(node: ast.AST, func: ast.AST) -> Iterator[_Edit]:
         for stmt in block:
             if not isinstance(stmt, ast.stmt) or _is_docstring_holder(stmt):
                 continue
-            if isinstance(stmt, ast.Pass | ast.Global | ast.Nonlocal):
+            if isinstance(stmt, (ast.Pass, ast.Global, ast.Nonlocal, *_COMPOUND)):
                 continue
             yield _Edit("drop_statement", f"removed `{_first_line(stmt)}`", stmt, _drop, _drop_lines(stmt))
 
@@ -289,7 +301,17 @@ def _invert_condition(node: ast.AST, func: ast.AST) -> Iterator[_Edit]:
     if not isinstance(node, ast.If | ast.While | ast.IfExp):
         return
     test = node.test
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _COMPLEMENT:
+        old, new = type(test.ops[0]), _COMPLEMENT[type(test.ops[0])]
+        pair = [(test.left, test.comparators[0])]
+        yield _Edit(
+            "invert_condition",
+            f"negated a condition (`{_SYMBOL[old]}` -> `{_SYMBOL[new]}`)",
+            test,
+            _set_list_item("ops", 0, new),
+            _token_swap(pair, _SYMBOL[old], _SYMBOL[new], test),
+        )
+    elif isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         yield _Edit("invert_condition", "removed a `not`", test, lambda n: n.operand, _replace_with_segment(test, test.operand))
     else:
         yield _Edit("invert_condition", "negated a condition", test, _negate, _negate_text(test))
@@ -539,45 +561,61 @@ def unparse(node: ast.AST) -> str:
 
 
 def _render(text: _Text, tree: ast.Module, top_index: int, func: ast.AST, edit: _Edit) -> str | None:
-    """The mutated module text, or None when the edit cannot be rendered faithfully."""
-    new_func = _mutated_copy(func, edit)
+    """The mutated module text, or None when the edit cannot be rendered faithfully.
+
+    The edit is applied to the tree in place and undone afterwards (cheaper than copying the tree for
+    every site); each proposed splice is kept only if it parses back to exactly the mutated tree.
+    """
     top = tree.body[top_index]
-    new_top = new_func if top is func else _replace_in_class(top, func, new_func)
-    body = list(tree.body)
-    body[top_index] = new_top
-    expected = ast.dump(ast.Module(body=body, type_ignores=[]))
-    for (start, end), replacement in edit.splices(text):
-        candidate = text[:start] + replacement + text[end:]
-        if _dump(candidate) == expected:
-            return candidate
-    first = min([top.lineno] + [d.lineno for d in getattr(top, "decorator_list", [])])
-    start, end = text.starts[first - 1], text.starts[top.end_lineno]
-    candidate = text[:start] + unparse(new_top) + "\n" + text[end:]  # fallback: the whole definition
-    return candidate if _dump(candidate) == expected else None
+    first, last = _first_line_of(top), top.end_lineno
+    if func is not top:
+        first, last = _first_line_of(func), func.end_lineno
+    lo, hi = text.starts[first - 1], text.starts[last]
+    splices = [s for s in edit.splices(text) if lo <= s[0][0] <= s[0][1] <= hi]
+    undo = _apply(func, edit)
+    try:
+        for (start, end), replacement in splices:
+            region = text[lo:start] + replacement + text[end:hi]
+            if _matches(region, func, func is not top):
+                return text[:lo] + region + text[hi:]
+        # fallback: the whole top-level definition, re-rendered
+        start, end = text.starts[_first_line_of(top) - 1], text.starts[top.end_lineno]
+        region = unparse(top) + "\n"
+        if _matches(region, top, False):
+            return text[:start] + region + text[end:]
+        return None
+    finally:
+        undo()
 
 
-def _replace_in_class(cls: ast.ClassDef, func: ast.AST, new_func: ast.AST) -> ast.ClassDef:
-    new_cls = copy.copy(cls)
-    new_cls.body = [new_func if s is func else s for s in cls.body]
-    return new_cls
+def _first_line_of(node: ast.AST) -> int:
+    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
 
 
-def _mutated_copy(func: ast.AST, edit: _Edit) -> ast.AST:
-    """A deep copy of `func` with the edit applied at the node matching `edit.node`."""
-    index = next(i for i, n in enumerate(_body_nodes(func)) if n is edit.node)
-    fcopy = copy.deepcopy(func)
-    target = _body_nodes(fcopy)[index]
-    parent, field, k = _parent(fcopy, target)
-    replacement = edit.apply(target)
-    if replacement is None:
-        return fcopy
+def _apply(func: ast.AST, edit: _Edit) -> Callable[[], None]:
+    """Apply `edit` to `func` in place; returns the function that undoes it."""
+    node = edit.node
+    parent, field, k = _parent(func, node)
+    saved_parent = list(getattr(parent, field)) if k is not None else getattr(parent, field)
+    saved_node = {f: _shallow(getattr(node, f, None)) for f in node._fields}
+    replacement = edit.apply(node)
     if replacement is _DROPPED:
         getattr(parent, field).pop(k)
-    elif k is None:
+    elif replacement is not None and k is None:
         setattr(parent, field, replacement)
-    else:
+    elif replacement is not None:
         getattr(parent, field)[k] = replacement
-    return fcopy
+
+    def undo() -> None:
+        for f, v in saved_node.items():
+            setattr(node, f, _shallow(v))
+        setattr(parent, field, _shallow(saved_parent))
+
+    return undo
+
+
+def _shallow(value):
+    return list(value) if isinstance(value, list) else value
 
 
 def _parent(root: ast.AST, target: ast.AST) -> tuple[ast.AST, str, int | None]:
@@ -592,8 +630,22 @@ def _parent(root: ast.AST, target: ast.AST) -> tuple[ast.AST, str, int | None]:
     raise ValueError("node not found in its function")
 
 
-def _dump(candidate: str) -> str | None:
+def _matches(region: str, node: ast.AST, is_method: bool) -> bool:
+    """Whether the text `region` parses to exactly the (mutated) definition `node`."""
     try:
-        return ast.dump(ast.parse(candidate))
+        parsed = ast.parse("class _:\n" + region if is_method else region)
     except SyntaxError:
-        return None
+        return False
+    body = parsed.body[0].body if is_method else parsed.body
+    return len(body) == 1 and _same(node, body[0])
+
+
+def _same(a, b) -> bool:
+    """Structural equality of two ASTs, ignoring positions."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, ast.AST):
+        return all(_same(getattr(a, f, None), getattr(b, f, None)) for f in a._fields)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    return a == b
