@@ -1,6 +1,14 @@
 import pytest
 
-from flywheel.harness.actions import TOOL_NAMES, TOOLS, Action, FormatError, parse_native, parse_tagged, render_tagged
+from flywheel.harness.actions import (
+    TOOL_NAMES,
+    TOOLS,
+    Action,
+    FormatError,
+    parse_native,
+    parse_tagged,
+    render_tagged,
+)
 
 
 @pytest.mark.parametrize(

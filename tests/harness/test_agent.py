@@ -140,5 +140,5 @@ def test_effort_marker_reaches_the_system_prompt(clamp_task):
     for effort in ("medium", "high", "max"):
         run(clamp_task, model, effort)
     systems = [r.messages[0]["content"] for r in model.requests]
-    assert [get_effort(e).marker in s for e, s in zip(("medium", "high", "max"), systems)] == [True] * 3
+    assert [get_effort(e).marker in s for e, s in zip(("medium", "high", "max"), systems, strict=True)] == [True] * 3
     assert dataclasses.asdict(get_effort("max"))["max_turns"] > get_effort("medium").max_turns

@@ -355,7 +355,7 @@ def run_episodes(
             gen_s = time.perf_counter() - t0
             total = sum(max(c.completion_tokens, 1) for c in completions)
             shares = [gen_s * max(c.completion_tokens, 1) / total for c in completions]
-            list(pool.map(lambda a: observe(a[0], a[1], a[2], cfg), zip(active, completions, shares)))
+            list(pool.map(lambda a: observe(a[0], a[1], a[2], cfg), zip(active, completions, shares, strict=True)))
             done = [ep for ep in active if ep.ending]
             active = [ep for ep in active if not ep.ending]
             for record in pool.map(lambda ep: finish(ep, cfg, grader), done):

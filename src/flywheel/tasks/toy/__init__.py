@@ -112,7 +112,7 @@ def candidates(name: str, pool=None) -> list[tuple[Mutant, dict]]:
     found = mutants(source)
     jobs = [(name, m.source, tests) for m in found]
     results = pool.map(evaluate, jobs, chunksize=8) if pool else [evaluate(j) for j in jobs]
-    return [(m, r) for m, r in zip(found, results) if r["failed"] and r["passed"]]
+    return [(m, r) for m, r in zip(found, results, strict=True) if r["failed"] and r["passed"]]
 
 
 def build(out: Path, seed: int, modules: list[str] | None = None) -> None:
