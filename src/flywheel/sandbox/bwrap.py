@@ -55,10 +55,11 @@ def bwrap_argv(
     args = [bwrap_path(), "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     args += ["--hostname", "sandbox", "--die-with-parent", "--new-session"]
     args += ["--cap-drop", "ALL"] if as_root else []
+    # /tmp first, so a runtime that lives under /tmp (a checkout there) is bound on top of it
+    args += ["--proc", "/proc", *DEV, "--perms", "1777", "--size", str(tmp_mb * MB), "--tmpfs", "/tmp"]
     for kind, host, dest in layout.mounts:
         args += ["--symlink", host, dest] if kind == "symlink" else ["--ro-bind", host, dest]
     args += [a for hidden in layout.hidden for a in _empty_dir(hidden)]
-    args += ["--proc", "/proc", *DEV, "--perms", "1777", "--size", str(tmp_mb * MB), "--tmpfs", "/tmp"]
     args += ["--bind", str(workspace), WORKSPACE, *_hide_git(workspace)]
     args += [a for src, dest in extra_ro.items() for a in ("--ro-bind", str(src), str(dest))]
     args += [a for src, dest in extra_rw.items() for a in ("--bind", str(src), str(dest))]
