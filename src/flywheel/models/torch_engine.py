@@ -2,9 +2,16 @@
 
 `TorchEngine.generate(requests)` renders each conversation with the tokenizer's chat template, groups the
 requests into batches (sorted by prompt length, so padding is small), and for each batch runs one
-left-padded prefill followed by a decode loop over every still-active sequence, on the model's own forward
-with a `DynamicCache`. Sequences that finish (EOS, a stop string, their token budget) are dropped from the
-batch and from the cache at once, so one long tail does not carry dead rows through the remaining steps.
+left-padded prefill followed by a decode loop over every still-active sequence. Sequences that finish (EOS,
+a stop string, their token budget) are dropped from the batch and from the cache at once, so one long tail
+does not carry dead rows through the remaining steps.
+
+The forward behind the loop is a "runner" (`prefill`, `step`, `select`): for a `LlamaForCausalLM`, the
+hand-written forward of `flywheel.models.fastllama` over a preallocated KV cache; for any other causal LM
+(or with `fast=False`), `HFRunner`, the model's own forward with a `DynamicCache`. Both read the model's
+parameters at every call, so weights updated in place between `generate` calls (an optimizer step) are
+used by the next call; nothing derived from the weights is cached. `engine.slow_reason` says why the fast
+path is off (None when on).
 
 Sampling (`sample_step`, a pure function over the whole batch):
 - temperature `t > 0` scales the logits by `1/t`; `t == 0` is greedy: the kept set is `[argmax]` and the
@@ -51,9 +58,10 @@ from typing import Any
 import torch
 
 from flywheel.errors import FlywheelError
+from flywheel.models.fastllama import LlamaRunner, unsupported
 from flywheel.protocols import Completion, Request
 
-ENGINE_OPTIONS = {"name", "max_context", "max_batch", "ignore_eos", "seed", "eos_ids"}
+ENGINE_OPTIONS = {"name", "max_context", "max_batch", "ignore_eos", "seed", "eos_ids", "fast"}
 TOPK_FIRST = 256  # nucleus search width before falling back to a full sort
 
 
@@ -211,6 +219,7 @@ class TorchEngine:
         ignore_eos: bool = False,
         seed: int | None = None,
         eos_ids: Sequence[int] | None = None,
+        fast: bool = True,
     ) -> None:
         self.name = name
         self.model = model.eval()
@@ -220,6 +229,8 @@ class TorchEngine:
         self.ignore_eos = ignore_eos  # benchmarks: generate exactly max_tokens
         self.eos_ids = sorted(_eos_ids(model, tokenizer) if eos_ids is None else set(eos_ids))
         self.cache_kw = _cache_kwarg(model)
+        self.slow_reason = "disabled" if not fast else unsupported(model)
+        self.fast = self.slow_reason is None  # the hand-written Llama forward (flywheel.models.fastllama)
         self.pad_id = _pad_id(tokenizer, self.eos_ids)
         self.rng = torch.Generator()
         if seed is None:
@@ -293,42 +304,33 @@ class TorchEngine:
     # -- the decode loop
 
     def _decode(self, seqs: list[_Seq]) -> None:
-        from transformers import DynamicCache
-
         batch = _Batch.start(seqs, self.pad_id, self.rng)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.mask,
-            position_ids=batch.positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self.cache_kw: cache},
-        )
+        runner = self._runner(int(batch.budget.max()))
+        logits = runner.prefill(batch.input_ids, batch.mask)
         eos = torch.tensor(self.eos_ids if not self.ignore_eos else [], dtype=torch.long)
         step = 0
         while True:
-            s = sample_step(out.logits[:, -1], batch.temperature, batch.top_p, batch.uniforms[:, step])
+            s = sample_step(logits, batch.temperature, batch.top_p, batch.uniforms[:, step])
             batch.record(step, s)
             finished = self._finished(batch, step, s.tokens, eos)
             step += 1
             keep = [j for j, f in enumerate(finished) if not f]
             if not keep:
                 break
+            tokens = s.tokens
             if len(keep) < len(finished):
                 idx = torch.tensor(keep)
-                cache.batch_select_indices(idx)
+                runner.select(idx)
                 batch.select(idx)
-                s.tokens = s.tokens[idx]
-            batch.advance()
-            out = self.model(
-                input_ids=s.tokens.unsqueeze(1),
-                attention_mask=batch.mask,
-                position_ids=batch.positions,
-                use_cache=True,
-                **{self.cache_kw: cache},
-            )
+                tokens = tokens[idx]
+            logits = runner.step(tokens)
         batch.finish()
+
+    def _runner(self, steps: int):
+        """The fast Llama forward when the model allows it, else the model's own forward."""
+        if self.fast:
+            return LlamaRunner(self.model, steps)
+        return HFRunner(self.model, self.cache_kw)
 
     def _finished(self, batch: _Batch, step: int, tokens: torch.Tensor, eos: torch.Tensor) -> list[bool]:
         hit_eos = torch.isin(tokens, eos).tolist()
@@ -359,8 +361,8 @@ class _Batch:
     all_seqs: list[_Seq]
     rows: list[int]
     input_ids: torch.Tensor
-    mask: torch.Tensor
-    positions: torch.Tensor
+    mask: torch.Tensor  # [B, width] 1 on real prompt tokens (prompts are left-padded)
+    row_index: torch.Tensor  # tensor of `rows`
     temperature: torch.Tensor
     top_p: torch.Tensor
     budget: torch.Tensor
@@ -384,7 +386,7 @@ class _Batch:
             rows=list(range(len(seqs))),
             input_ids=ids,
             mask=mask,
-            positions=(mask.cumsum(-1) - 1).clamp(min=0),
+            row_index=torch.arange(len(seqs)),
             temperature=torch.tensor([float(s.request.temperature) for s in seqs]),
             top_p=torch.tensor([float(s.request.top_p) for s in seqs]),
             budget=torch.tensor([s.budget for s in seqs]),
@@ -394,9 +396,8 @@ class _Batch:
         )
 
     def record(self, step: int, s: Step) -> None:
-        rows = torch.tensor(self.rows)
-        self.token_buf[rows, step] = s.tokens
-        self.logprob_buf[rows, step] = s.logprobs
+        self.token_buf[self.row_index, step] = s.tokens
+        self.logprob_buf[self.row_index, step] = s.logprobs
         if s.kept_rows is not None:
             kept_rows = [self.rows[j] for j in s.kept_rows.tolist()]
             self.kept_log.append((kept_rows, s.kept_ids, s.kept_n.tolist()))
@@ -407,13 +408,9 @@ class _Batch:
         keep = idx.tolist()
         self.seqs = [self.seqs[j] for j in keep]
         self.rows = [self.rows[j] for j in keep]
-        self.mask, self.positions = self.mask[idx], self.positions[idx]
+        self.row_index = self.row_index[idx]
         self.temperature, self.top_p = self.temperature[idx], self.top_p[idx]
         self.budget, self.uniforms = self.budget[idx], self.uniforms[idx]
-
-    def advance(self) -> None:
-        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
-        self.positions = self.positions[:, -1:] + 1
 
     def finish(self) -> None:
         """Copy the buffers into each sequence's lists (kept sets sorted by id, None for full vocabulary)."""
@@ -429,6 +426,41 @@ class _Batch:
             by_id = torch.where(inside, ids, torch.iinfo(ids.dtype).max).sort(dim=1).values.tolist()
             for row, size, kept in zip(rows, sizes, by_id, strict=True):
                 self.all_seqs[row].kept[step] = kept[:size]
+
+
+class HFRunner:
+    """The engine's stepping interface on the model's own forward and a `DynamicCache` (any causal LM)."""
+
+    def __init__(self, model, cache_kw: str) -> None:
+        from transformers import DynamicCache
+
+        self.model, self.cache_kw = model, cache_kw
+        self.cache = DynamicCache(config=model.config)
+        self.mask = self.positions = torch.empty(0)
+
+    def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        self.mask, self.positions = mask, (mask.cumsum(-1) - 1).clamp(min=0)
+        return self._forward(input_ids, logits_to_keep=1)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
+        self.positions = self.positions[:, -1:] + 1
+        return self._forward(tokens.unsqueeze(1))
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows)
+        self.mask, self.positions = self.mask[rows], self.positions[rows]
+
+    def _forward(self, input_ids: torch.Tensor, **kw: Any) -> torch.Tensor:
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=self.mask,
+            position_ids=self.positions,
+            use_cache=True,
+            **{self.cache_kw: self.cache},
+            **kw,
+        )
+        return out.logits[:, -1]
 
 
 def _uniforms(seed: int | None, steps: int, rng: torch.Generator) -> torch.Tensor:
@@ -471,7 +503,8 @@ def load_torch_model(spec: str, **opts: Any) -> TorchEngine:
     """A `TorchEngine` for `hf:PATH` (an HF-format directory) or `smollm2-135m`.
 
     Options: `dtype` (torch dtype, default float32), `context` (alias of `max_context`), and `TorchEngine`'s `max_context`, `max_batch`,
-    `ignore_eos`, `seed`, `name`, `eos_ids` (replaces the tokenizer's and generation config's EOS ids).
+    `ignore_eos`, `seed`, `name`, `eos_ids` (replaces the tokenizer's and generation config's EOS ids),
+    `fast` (False: always the model's own forward, never `fastllama`).
     """
     from flywheel.models.hf import SMOLLM2, load_hf, smollm2_dir
 
