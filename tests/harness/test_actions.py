@@ -67,3 +67,13 @@ def test_native_calls_parse_and_validate():
 def test_tool_schema_names_are_the_public_ones():
     assert TOOL_NAMES == ("shell", "view", "edit", "run_tests", "submit")
     assert all(t["type"] == "function" and "parameters" in t["function"] for t in TOOLS)
+
+
+def test_restore_stop_puts_back_the_stop_string_the_sampler_cut():
+    from flywheel.harness.actions import restore_stop
+
+    assert restore_stop("<run_tests") == "<run_tests/>"
+    assert restore_stop("<shell>ls -la") == "<shell>ls -la</shell>"
+    assert restore_stop('<edit path="a.py">\n<old>\nx\n</old>\n<new>\ny\n</new>\n') .endswith("</edit>")
+    assert restore_stop("<submit/>") == "<submit/>"  # already whole
+    assert restore_stop("no action here") == "no action here"

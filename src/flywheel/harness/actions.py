@@ -148,6 +148,21 @@ def parse_tagged(text: str) -> Action:
     return Action("edit", {"path": attrs["path"], "old": _trim(on.group(1)), "new": _trim(on.group(2))})
 
 
+def restore_stop(text: str, stops: list[str] = STOP) -> str:
+    """`text` with the stop string that ended it put back, when that makes it a well-formed action.
+
+    A sampler that stops on a stop string leaves it out of the text (the OpenAI convention), so
+    `<run_tests/>` arrives as `<run_tests`; the harness restores what the model actually wrote.
+    """
+    for candidate in (text, *(text + s for s in stops)):
+        try:
+            parse_tagged(candidate)
+        except FormatError:
+            continue
+        return candidate
+    return text
+
+
 def render_tagged(action: Action) -> str:
     """The tagged text of `action` (parse_tagged(render_tagged(a)) == a)."""
     a = action.args

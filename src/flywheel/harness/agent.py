@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flywheel.harness.actions import STOP, TOOLS, Action, FormatError, parse_native, parse_tagged
+from flywheel.harness.actions import STOP, TOOLS, Action, FormatError, parse_native, parse_tagged, restore_stop
 from flywheel.harness.cost import Pricing, pricing_for
 from flywheel.harness.effort import Effort
 from flywheel.harness.prompts import system_prompt, task_message
@@ -170,9 +170,10 @@ def observe(ep: Episode, c: Completion, gen_share_s: float, cfg: HarnessConfig) 
 
 
 def _act_tagged(ep: Episode, c: Completion, cfg: HarnessConfig) -> None:
-    ep.messages.append({"role": "assistant", "content": c.text})
+    text = restore_stop(c.text) if c.finish_reason == "stop" else c.text
+    ep.messages.append({"role": "assistant", "content": text})
     try:
-        action = parse_tagged(c.text)
+        action = parse_tagged(text)
     except FormatError as e:
         _format_error(ep, str(e), cfg, {"role": "user", "content": f"error: {e}"})
         return

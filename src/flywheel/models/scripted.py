@@ -31,7 +31,11 @@ def _count_tokens(text: str) -> int:
 
 @lru_cache(maxsize=4096)
 def fix_actions(task_dir: str) -> tuple[list[Action], list[Action]]:
-    """(views, edits) that apply the task's reference solution through the `view` and `edit` tools."""
+    """(views, edits) that apply the task's reference solution through the `view` and `edit` tools.
+
+    Each changed file is viewed whole (what an engineer without the oracle's privilege would do too), and
+    each hunk becomes the smallest edit: its changed lines only, widened until `old` is unique.
+    """
     task = load_task(task_dir)
     views: list[Action] = []
     edits: list[Action] = []
@@ -44,24 +48,39 @@ def fix_actions(task_dir: str) -> tuple[list[Action], list[Action]]:
             edits.append(Action("shell", {"command": f"rm {fp.old_path}"}))
             continue
         source = (task.repo / fp.old_path).read_text()
+        views.append(Action("view", {"path": fp.old_path}))
         for start, body in fp.hunks:
-            old = "".join(ln[1:] for ln in body if ln[0] != "+")
-            new = "".join(ln[1:] for ln in body if ln[0] != "-")
-            old, new = _unique(source, old, new)
-            n_old = sum(ln[0] != "+" for ln in body)
-            views.append(Action("view", {"path": fp.old_path, "start": max(1, start - 4), "end": start + n_old + 4}))
+            old, new = _unique(source, *_changed_lines(start, body))
             edits.append(Action("edit", {"path": fp.old_path, "old": old, "new": new}))
     return views, edits
 
 
-def _unique(source: str, old: str, new: str) -> tuple[str, str]:
-    """Widen `old` (and `new` alike) with the following lines of `source` until `old` occurs once."""
-    while source.count(old) > 1:
-        at = source.index(old) + len(old)
-        nxt = source[at:].splitlines(keepends=True)[:1]
-        if not nxt:
-            break
-        old, new = old + nxt[0], new + nxt[0]
+def _changed_lines(start: int, body: list[str]) -> tuple[int, str, str]:
+    """(first old line, old, new) of a hunk from its first to its last changed line: the smallest edit.
+
+    `start` is the hunk's first old line (1-based); a pure insertion is anchored on the line above it.
+    """
+    changed = [i for i, ln in enumerate(body) if ln[0] in "+-"]
+    lo, hi = (changed[0], changed[-1] + 1) if changed else (0, len(body))
+    if not any(ln[0] == "-" for ln in body[lo:hi]) and lo > 0:
+        lo -= 1
+    line = start + sum(ln[0] != "+" for ln in body[:lo])
+    old = "".join(ln[1:] for ln in body[lo:hi] if ln[0] != "+")
+    new = "".join(ln[1:] for ln in body[lo:hi] if ln[0] != "-")
+    return line, old, new
+
+
+def _unique(source: str, line: int, old: str, new: str) -> tuple[str, str]:
+    """Widen `old` (and `new` alike) with the source lines after it (before it, at the end of the file)
+    until `old` occurs once; `old` starts at 1-based `line` of `source`."""
+    lines = source.splitlines(keepends=True)
+    lo, hi = line - 1, line - 1 + len(old.splitlines())
+    while source.count(old) > 1 and (lo > 0 or hi < len(lines)):
+        if hi < len(lines):
+            old, new, hi = old + lines[hi], new + lines[hi], hi + 1
+        else:
+            lo -= 1
+            old, new = lines[lo] + old, lines[lo] + new
     return old, new
 
 
