@@ -74,6 +74,6 @@ def test_restore_stop_puts_back_the_stop_string_the_sampler_cut():
 
     assert restore_stop("<run_tests") == "<run_tests/>"
     assert restore_stop("<shell>ls -la") == "<shell>ls -la</shell>"
-    assert restore_stop('<edit path="a.py">\n<old>\nx\n</old>\n<new>\ny\n</new>\n') .endswith("</edit>")
+    assert restore_stop('<edit path="a.py">\n<old>\nx\n</old>\n<new>\ny\n</new>\n').endswith("</edit>")
     assert restore_stop("<submit/>") == "<submit/>"  # already whole
     assert restore_stop("no action here") == "no action here"

@@ -154,7 +154,7 @@ def restore_stop(text: str, stops: list[str] = STOP) -> str:
     A sampler that stops on a stop string leaves it out of the text (the OpenAI convention), so
     `<run_tests/>` arrives as `<run_tests`; the harness restores what the model actually wrote.
     """
-    for candidate in (text, *(text + s for s in stops)):
+    for candidate in (text, *(text + s for s in sorted(stops, key=len))):  # "/>" before "</shell>"
         try:
             parse_tagged(candidate)
         except FormatError:

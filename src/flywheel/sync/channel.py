@@ -9,6 +9,8 @@ Layout in a `WeightStore` (every payload under a content key, markers published 
                                      payload hashes and sizes
     LATEST                           {"version": v}
 
+`Publisher.start(weights, version)` is a (re)started trainer's first call: it publishes the version as an
+anchor, or resumes when the store already holds exactly that version (checked by digest).
 `Publisher.publish(weights, version)` writes a delta from the last published version and, every
 `anchor_every` versions (and for the first), also an anchor; then the marker, then LATEST. A reader that
 follows LATEST and the markers sees only whole versions. The publisher keeps a private copy of the last
@@ -153,6 +155,38 @@ class Publisher:
         marker["anchor_version"] = version if anchor is not None else self.anchor_version
         self.store.put(marker_key(version), json.dumps(marker).encode())
         self.store.put(LATEST, json.dumps({"version": version}).encode())
+
+    def resume(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Continue after a restart: `weights` are already published as `version`; diff the next against them.
+
+        Refuses (DeltaError) weights whose digest differs from the published marker's, so a trainer that
+        restarted from an older checkpoint can never publish a version twice with different contents.
+        """
+        marker = read_json(self.store, marker_key(version))
+        crcs = {n: tensor_crc(t) for n, t in weights.items()}
+        if digest_of(weights, crcs) != marker["weights_digest"]:
+            raise DeltaError(f"version {version} is published with other weights than the ones resumed from")
+        self.prev = {n: t.detach().clone() for n, t in weights.items()}
+        self.prev_crcs, self.prev_version = crcs, version
+        self.anchor_version = marker.get("anchor_version")
+        self.since_anchor = version - self.anchor_version if self.anchor_version is not None else 0
+
+    def start(self, weights: Mapping[str, torch.Tensor], version: int) -> PublishStats | None:
+        """First call of a (re)started trainer: publish `version` unless the store already has it.
+
+        LATEST older than `version` (or none): publish, as an anchor (the first publish of a publisher
+        always anchors). LATEST equal: resume from it. LATEST newer: refused, since the store is ahead of
+        the weights being resumed and a version number would name two different weight sets.
+        """
+        latest = latest_version(self.store)
+        if latest is None or latest < version:
+            return self.publish(weights, version)
+        if latest == version:
+            self.resume(weights, version)
+            return None
+        raise DeltaError(
+            f"the store already holds version {latest}, ahead of the weights at version {version}"
+        )
 
     def remember(
         self, weights: Mapping[str, torch.Tensor], version: int, crcs: dict[str, str], anchored: bool
