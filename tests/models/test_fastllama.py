@@ -35,13 +35,18 @@ def gqa_model():
         return LlamaForCausalLM(cfg).eval()
 
 
-def left_padded(lengths: list[int], vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(
+    lengths: list[int], vocab: int, seed: int = 0, shared: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random prompts of `lengths`, left-padded; the first `shared` tokens are the same in every row."""
     g = torch.Generator().manual_seed(seed)
     width = max(lengths)
+    head = torch.randint(3, vocab, (shared,), generator=g)
     ids = torch.zeros((len(lengths), width), dtype=torch.long)
     mask = torch.zeros_like(ids)
     for row, n in enumerate(lengths):
         ids[row, width - n :] = torch.randint(3, vocab, (n,), generator=g)
+        ids[row, width - n : width - n + shared] = head
         mask[row, width - n :] = 1
     return ids, mask
 
@@ -51,12 +56,14 @@ def hf_last_logits(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     return model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
 
 
-@pytest.mark.parametrize("which", ["tiny", "gqa"])
-def test_prefill_and_decode_logits_match_hf(which, tiny, gqa_model):
+@pytest.mark.parametrize("which,shared", [("tiny", 0), ("gqa", 0), ("tiny", 5), ("gqa", 5)])
+def test_prefill_and_decode_logits_match_hf(which, shared, tiny, gqa_model):
     model = tiny[0] if which == "tiny" else gqa_model
     assert fastllama.unsupported(model) is None
     vocab = model.config.vocab_size
-    ids, mask = left_padded([9, 4, 1, 7], vocab)
+    lengths = [9, 4, 1, 7] if not shared else [9, 6, 7, 12]
+    ids, mask = left_padded(lengths, vocab, shared=shared)
+    assert fastllama.common_prefix(ids, mask) == (shared or 0)
     cache = fastllama.new_cache(model, ids.shape[0], capacity=ids.shape[1] + 1)  # forces one growth below
     with torch.inference_mode():
         got = fastllama.prefill(model, cache, ids, mask)

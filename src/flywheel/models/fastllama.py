@@ -19,6 +19,11 @@ Why it is faster than calling the HF modules with a `DynamicCache`:
 - One plain function per layer over `torch.nn.functional` ops: no module hooks, no mask factories, no
   per-step cache objects. Logits are computed for the last position only.
 - Rows that finish are dropped with `select_rows`, which copies only the filled prefix of the kept rows.
+- The prompts' common prefix (the system prompt and task header every episode shares; the whole prompt
+  for a group of samples of one task) is run once at batch 1 and its keys and values copied into every
+  row; only the rest of each prompt is prefilled per row. Rotary positions count real tokens, so a row's
+  keys are the same whichever columns they sit in, and the result equals a full per-row prefill up to
+  float rounding.
 
 Weights: every call reads the parameters of the HF modules it is given (`layer.self_attn.q_proj.weight`
 and so on); nothing derived from weights is cached, so an optimizer that updates the model in place
@@ -129,19 +134,59 @@ def reserve(cache: KVCache, columns: int) -> KVCache:
 def prefill(model, cache: KVCache, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Run left-padded prompts `input_ids` [B, S] (`mask` 1 on real tokens) into an empty cache.
 
-    Returns the logits of the last position [B, vocab]. Padding queries attend to themselves only, so
-    their (unused) outputs stay finite.
+    Returns the logits of the last position [B, vocab]. The prompts' common prefix is computed once and
+    its keys and values copied into every row (columns `0:shared`); the rest of each prompt follows,
+    left-padded, in columns `shared:`. Padding queries attend to themselves only, so their (unused)
+    outputs stay finite.
     """
+    shared = common_prefix(input_ids, mask) if input_ids.shape[0] > 1 else 0
+    if shared:
+        start = input_ids.shape[1] - int(mask.sum(-1)[0])
+        _prefill_prefix(model, cache, input_ids[:1, start : start + shared])
+        input_ids, mask = _drop_prefix(input_ids, mask, shared)
     width = input_ids.shape[1]
     real = mask.bool()
-    cache.valid[:, :width] = real
-    positions = (real.long().cumsum(-1) - 1).clamp(min=0)
+    cache.valid[:, :shared] = True
+    cache.valid[:, shared : shared + width] = real
+    positions = shared + (real.long().cumsum(-1) - 1).clamp(min=0)
     cols = torch.arange(width, device=input_ids.device)
     causal = cols.unsqueeze(0) <= cols.unsqueeze(1)  # [query, key]
     attend = causal & (real.unsqueeze(1) | torch.eye(width, dtype=torch.bool, device=real.device))
-    logits = forward(model, cache, input_ids, positions, attend.unsqueeze(1))
-    cache.next_pos = real.long().sum(-1)
+    before = attend.new_ones((attend.shape[0], width, shared))
+    logits = forward(model, cache, input_ids, positions, torch.cat([before, attend], dim=2).unsqueeze(1))
+    cache.next_pos = shared + real.long().sum(-1)
     return logits
+
+
+def common_prefix(input_ids: torch.Tensor, mask: torch.Tensor) -> int:
+    """Tokens every left-padded prompt starts with, leaving each at least one token of its own."""
+    lengths = mask.sum(-1)
+    shortest = int(lengths.min())
+    starts = (input_ids.shape[1] - lengths).tolist()
+    heads = torch.stack([row[s : s + shortest] for row, s in zip(input_ids, starts, strict=True)])
+    same = (heads == heads[:1]).all(dim=0).long().cumprod(dim=0).sum()
+    return max(0, min(int(same), shortest - 1))
+
+
+def _prefill_prefix(model, cache: KVCache, prefix: torch.Tensor) -> None:
+    """Compute the keys and values of `prefix` [1, P] once and copy them into every row's columns 0:P."""
+    n = prefix.shape[1]
+    one = new_cache(model, 1, n)
+    cols = torch.arange(n, device=prefix.device)
+    causal = (cols.unsqueeze(0) <= cols.unsqueeze(1))[None, None]
+    forward(model, one, prefix, cols.unsqueeze(0), causal, logits=False)
+    cache.k[:, :, :, :n] = one.k
+    cache.v[:, :, :, :n] = one.v
+    cache.length = n
+
+
+def _drop_prefix(input_ids: torch.Tensor, mask: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The left-padded prompts without their first `n` real tokens, re-padded to the new width."""
+    lengths = mask.sum(-1) - n
+    width = int(lengths.max())
+    ids = input_ids[:, input_ids.shape[1] - width :].clone()
+    keep = torch.arange(width, device=mask.device).unsqueeze(0) >= (width - lengths).unsqueeze(1)
+    return ids.masked_fill(~keep, 0), keep.long()
 
 
 def decode(model, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
@@ -151,12 +196,13 @@ def decode(model, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
     attend = cache.valid[:, None, None, : col + 1]
     logits = forward(model, cache, tokens.unsqueeze(1), cache.next_pos.unsqueeze(1), attend)
     cache.next_pos = cache.next_pos + 1
+    assert logits is not None
     return logits
 
 
 def forward(
-    model, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor
-) -> torch.Tensor:
+    model, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor, logits: bool = True
+) -> torch.Tensor | None:
     """Write `ids` [B, S] into columns `cache.length ...` and return the last position's logits [B, V].
 
     `attend` [B, 1, S, length + S] is True where a query may attend to a key column.
@@ -171,6 +217,8 @@ def forward(
     for i, layer in enumerate(inner.layers[: model.config.num_hidden_layers]):
         x = decoder_layer(layer, x, cos, sin, cache.k[i], cache.v[i], start, attend)
     cache.length = start + ids.shape[1]
+    if not logits:
+        return None
     h = _rms_norm(x[:, -1], inner.norm)
     return F.linear(h, model.lm_head.weight, getattr(model.lm_head, "bias", None))
 
