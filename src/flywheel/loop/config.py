@@ -1,0 +1,93 @@
+"""`LoopConfig`: how the distributed flywheel runs (pools, schedule, staleness, stores, backend)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from flywheel.errors import FlywheelError
+
+BACKENDS = ("local", "ray")
+
+
+@dataclass
+class LoopConfig:
+    """One run of the loop; every field has a working default except `model`."""
+
+    model: str = ""  # the pools' engine: hf:PATH or smollm2-135m (architecture, tokenizer); weights come from the store
+    backend: str = "local"  # "local" (one process per pool) or "ray" (pools and trainer as Ray actors)
+    steps: int = 10  # trainer versions to reach (a resumed run counts from its checkpoint)
+    pools: int = 2  # inference pools (each its own process / actor, engine and weight subscriber)
+    pool_batch: int = 4  # work items a pool runs together (its run_episodes concurrency)
+    groups_per_step: int = 2  # (task, effort) groups in one round; a round feeds one trainer step
+    samples: int = 2  # samples per group (the group the trainer's baseline compares within)
+    efforts: list[str] = field(default_factory=lambda: ["medium"])  # cycled over the groups
+    effort_overrides: dict[str, Any] = field(default_factory=dict)  # budgets, e.g. {"max_turns": 4}
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_staleness: int = 1  # k: a record generated at version v is used at trainer version <= v + k
+    sync: bool = False  # synchronous schedule: round r is generated at exactly version r (forces k = 0)
+    deterministic: bool = False  # sync schedule, one item per pool batch: reruns give equal metrics
+    seed: int = 0  # seeds of the work items (episode sampling seeds derive from the trajectory ids)
+    store: str = ""  # weight store URL (file:// or s3://); default: OUT_DIR/weights
+    peer: str = ""  # checkpoint replica URL (file:// or s3://); default: OUT_DIR/peer
+    store_options: dict[str, Any] = field(default_factory=dict)  # endpoint_url, key, secret, region (s3)
+    anchor_every: int = 10  # a full anchor every N published versions
+    publish_attempts: int = 30  # store retries (exponential backoff up to 5 s) before publishing fails
+    catch_up_wait_s: float = 30.0  # longest a pool below an item's min_version waits for newer weights
+    lease_s: float = 600.0  # work not returned within this is reissued to another pool
+    max_restarts: int = 3  # restarts of one pool before the run fails
+    keep_checkpoints: int = 2  # local checkpoints kept
+    max_context: int | None = None  # engine context limit (None: the model's)
+    torch_threads: int = 1  # per pool process
+    grader: str | None = None  # "module:function" grading each episode; None: the shared verifier
+    ray_address: str | None = None  # ray.init address ("auto" to join a running cluster); None: local
+    ray_pool_options: dict[str, Any] = field(default_factory=dict)  # .options() of pool actors
+    ray_trainer_options: dict[str, Any] = field(default_factory=dict)  # .options() of the trainer actor
+
+    def __post_init__(self) -> None:
+        if self.deterministic:
+            self.sync, self.pool_batch = True, 1
+        if self.sync:
+            self.max_staleness = 0
+
+    @property
+    def staleness(self) -> int:
+        return self.max_staleness
+
+
+def check_config(cfg: LoopConfig) -> None:
+    """Refuse a bad configuration with one clear line."""
+    if cfg.backend not in BACKENDS:
+        raise FlywheelError(f"unknown loop backend '{cfg.backend}' (choose from {', '.join(BACKENDS)})")
+    if not cfg.model:
+        raise FlywheelError("loop: `model` is required (hf:PATH or smollm2-135m: the pools' engine)")
+    positive = (
+        "steps",
+        "pools",
+        "pool_batch",
+        "groups_per_step",
+        "samples",
+        "anchor_every",
+        "publish_attempts",
+    )
+    for name in positive:
+        if int(getattr(cfg, name)) < 1:
+            raise FlywheelError(f"loop: `{name}` must be at least 1, got {getattr(cfg, name)}")
+    if cfg.max_staleness < 0:
+        raise FlywheelError(f"loop: `max_staleness` must be >= 0, got {cfg.max_staleness}")
+    if not cfg.efforts:
+        raise FlywheelError("loop: `efforts` must name at least one effort level")
+    from flywheel.harness import get_effort
+
+    for name in cfg.efforts:
+        get_effort(name, **cfg.effort_overrides)
+
+
+def config_from_dict(data: dict[str, Any]) -> LoopConfig:
+    """A `LoopConfig` from a TOML table; unknown keys are refused by name."""
+    known = {f.name for f in fields(LoopConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise FlywheelError(f"loop: unknown setting(s) {', '.join(unknown)}")
+    return LoopConfig(**data)

@@ -1,0 +1,94 @@
+"""The trainer side of the loop: step, then checkpoint, replicate and publish (in that order).
+
+`TrainerHost` wraps a `LoopTrainer` with its `Checkpointer` and `Publisher`. The driver calls `start()`
+once (restore the newest complete checkpoint, publish the current weights unless the store already has
+them), then per step `step(records)` and, after it has written the step's metrics line, `commit(state)`.
+Split in two so the metrics line is on disk before the checkpoint that makes the step permanent: a
+trainer killed in between resumes before the step and its metrics line is dropped and rewritten.
+
+The local backend runs the host in a thread of the driver, the Ray backend in an actor; both call the
+same methods. Publishing retries a store that is down with exponential backoff (`publish_attempts`),
+counting retries; the driver keeps dispatching meanwhile, so pools keep serving the last good weights.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from flywheel.loop.checkpoint import Checkpointer
+
+
+class TrainerHost:
+    """A trainer with its checkpoints and its publisher."""
+
+    def __init__(
+        self,
+        trainer: Any,
+        *,
+        store: str,
+        peer: str,
+        checkpoints: Path,
+        store_options: dict[str, Any] | None = None,
+        anchor_every: int = 10,
+        keep: int = 2,
+        publish_attempts: int = 30,
+    ) -> None:
+        from flywheel.sync import Publisher, Retry, open_store
+
+        if callable(trainer) and not hasattr(trainer, "step"):
+            trainer = trainer()  # a factory: build the trainer where it runs (a Ray actor's node)
+        self.trainer = trainer
+        self.retries = 0
+        retry = Retry(attempts=publish_attempts, base_s=0.2, max_s=5.0)
+        opts = dict(store_options or {})
+        self.store = open_store(store, retry=retry, on_retry=self._count_retry, **opts)
+        peer_store = open_store(peer, retry=retry, on_retry=self._count_retry, **opts) if peer else None
+        self.ckpt = Checkpointer(Path(checkpoints), peer_store, keep=keep)
+        self.publisher = Publisher(self.store, anchor_every=anchor_every)
+
+    def _count_retry(self, attempt: int, exc: BaseException) -> None:
+        self.retries += 1
+
+    def start(self) -> dict[str, Any]:
+        """Restore the newest complete checkpoint and make sure its weights are published."""
+        state = self.ckpt.restore(self.trainer)
+        stats = self.publisher.start(self.trainer.serving_weights(), int(self.trainer.version))
+        return {
+            "version": int(self.trainer.version),
+            "state": state,
+            "source": self.ckpt.source,
+            "skipped": list(self.ckpt.skipped),
+            "publish": asdict(stats) if stats is not None else None,
+        }
+
+    def step(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        metrics = self.trainer.step(records)
+        return {
+            "version": int(self.trainer.version),
+            "metrics": dict(metrics),
+            "step_s": time.perf_counter() - t0,
+        }
+
+    def commit(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Checkpoint locally, replicate to the peer, then publish the new weights."""
+        t0 = time.perf_counter()
+        path = self.ckpt.save(self.trainer, state)
+        t1 = time.perf_counter()
+        self.ckpt.replicate(path)
+        t2 = time.perf_counter()
+        stats = self.publisher.publish(self.trainer.serving_weights(), int(self.trainer.version))
+        return {
+            "version": int(self.trainer.version),
+            "checkpoint_s": t1 - t0,
+            "replicate_s": t2 - t1,
+            "publish_s": time.perf_counter() - t2,
+            "publish": asdict(stats),
+            "store_retries": self.retries,
+        }
+
+    def ping(self) -> int:
+        return int(self.trainer.version)

@@ -1,0 +1,216 @@
+"""An inference pool: its own engine, serving bf16 weights that follow the store, applied between batches.
+
+`Pool` is the backend-agnostic shell the local processes and the Ray actors both run. It loads the
+engine's architecture and tokenizer from `PoolSpec.model` in bf16, binds a `Subscriber` to the model's
+own tensors (so deltas and anchors are applied in place, in the memory the engine reads), and loads the
+weights from the store: the latest anchor plus the deltas after it. Per batch:
+
+1. `apply_ready()`: a delta downloaded in the background during the previous batch is applied now,
+   between batches; its duration is the pool's pause for that update (`pauses`).
+2. When the weights are older than the batch's `min_version`, a blocking catch-up (retried until
+   `catch_up_wait_s`); a store that stays unreachable leaves the last good weights serving.
+3. `prefetch()` starts downloading the next version while this batch generates.
+4. `run_episodes` at `policy_version` = the version being served; each finished record is handed to
+   `emit` at once (a pool killed mid-batch loses only what it had not yet handed over).
+
+A published tensor that does not fit the model (unknown name, other shape) is refused with an error
+rather than silently loaded beside the weights the engine reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from flywheel.errors import FlywheelError
+from flywheel.loop.dispatch import WorkItem
+
+
+@dataclass
+class PoolSpec:
+    """Everything a pool process or actor needs (picklable)."""
+
+    pool_id: str
+    model: str
+    store: str
+    store_options: dict[str, Any] = field(default_factory=dict)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    effort_overrides: dict[str, Any] = field(default_factory=dict)
+    max_context: int | None = None
+    torch_threads: int = 1
+    grader: str | None = None
+    catch_up_wait_s: float = 30.0
+
+
+def load_grader(ref: str | None) -> Callable[..., Any] | None:
+    """`module:function` to the function; None stays None (the shared verifier)."""
+    if ref is None:
+        return None
+    module, _, name = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise FlywheelError(f"grader '{ref}' cannot be loaded: {exc}") from None
+
+
+def bind(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors by state-dict name, for in-place updates.
+
+    Tied weights (an LM head sharing the embedding's storage) appear under two names; the second name gets
+    its own copy (a shadow), since applying the same delta twice to one storage would apply it on top of
+    itself. The delta changes both names alike, so the storage the engine reads is updated once, through
+    the first name, and the shadow keeps the second name's checksum honest.
+    """
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, t in model.state_dict().items():
+        ptr = t.untyped_storage().data_ptr()
+        out[name] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return out
+
+
+class Pool:
+    """One inference engine that follows the published weights; see the module docstring."""
+
+    def __init__(self, spec: PoolSpec) -> None:
+        from flywheel.models.torch_engine import load_torch_model
+        from flywheel.sync import Subscriber, open_store
+
+        torch.set_num_threads(max(1, spec.torch_threads))
+        self.spec = spec
+        opts: dict[str, Any] = {"dtype": torch.bfloat16, "name": spec.model}
+        if spec.max_context:
+            opts["max_context"] = spec.max_context
+        self.engine = load_torch_model(spec.model, **opts)
+        self.bound = bind(self.engine.model)
+        self.sub = Subscriber(open_store(spec.store, **spec.store_options), dict(self.bound), None)
+        self.grader = load_grader(spec.grader)
+        self.pauses: list[tuple[int, float]] = []  # (version, seconds the update paused serving)
+        self.store_errors = 0
+
+    @property
+    def version(self) -> int | None:
+        return self.sub.version
+
+    def check_binding(self) -> None:
+        for name, t in self.sub.weights.items():
+            if self.bound.get(name) is not t:
+                raise FlywheelError(
+                    f"published tensor '{name}' does not fit the pool's model {self.spec.model} "
+                    f"(unknown name, shape or dtype)"
+                )
+
+    def catch_up(self, min_version: int, wait_s: float) -> int | None:
+        """Block until the weights are at least `min_version` or `wait_s` has passed."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            before, t0 = self.sub.version, time.perf_counter()
+            version = self.sub.catch_up()
+            self.check_binding()
+            if self.sub.version != before and before is not None:
+                self.pauses.append((int(self.sub.version or 0), time.perf_counter() - t0))
+            if version is None and self.sub.last_error:
+                self.store_errors += 1
+            if self.sub.version is not None and self.sub.version >= min_version:
+                return self.sub.version
+            if time.monotonic() >= deadline:
+                return self.sub.version
+            time.sleep(0.2)
+
+    def between_batches(self, min_version: int) -> None:
+        before = self.sub.version
+        if self.sub.apply_ready() is not None:
+            self.check_binding()
+            self.pauses.append((int(self.sub.version or 0), self.sub.last_pause_s))
+        elif self.sub.last_error and self.sub.version == before:
+            self.store_errors += 1
+            self.sub.last_error = None
+        if self.sub.version is None or self.sub.version < min_version:
+            self.catch_up(min_version, self.spec.catch_up_wait_s)
+
+    def run(self, items: Sequence[WorkItem], emit: Callable[[str, Any], None]) -> dict[str, Any]:
+        """Generate `items` as one batch; `emit("started", ...)`, then `emit("record", r)` per episode."""
+        from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort, run_episodes
+
+        self.between_batches(min(it.min_version for it in items))
+        if self.sub.version is None:
+            raise FlywheelError(f"pool {self.spec.pool_id}: no weights published yet ({self.sub.last_error})")
+        self.sub.prefetch()
+        version = int(self.sub.version)
+        emit("started", {"ids": [it.id for it in items], "version": version, "pid": os.getpid()})
+        specs = [
+            EpisodeSpec(
+                it.task, get_effort(it.effort, **self.spec.effort_overrides), seed=it.seed, index=it.index
+            )
+            for it in items
+        ]
+        cfg = HarnessConfig(policy_version=version, temperature=self.spec.temperature, top_p=self.spec.top_p)
+
+        def on_record(record: dict[str, Any]) -> None:
+            record["pool"] = self.spec.pool_id
+            emit("record", record)
+
+        t0 = time.perf_counter()
+        run_episodes(
+            specs, self.engine, cfg=cfg, grader=self.grader, concurrency=len(specs), on_record=on_record
+        )
+        return self.stats(version, time.perf_counter() - t0)
+
+    def stats(self, version: int, gen_s: float) -> dict[str, Any]:
+        pauses, self.pauses = self.pauses, []
+        errors, self.store_errors = self.store_errors, 0
+        return {
+            "version": version,
+            "gen_s": gen_s,
+            "pauses": pauses,
+            "store_errors": errors,
+            "digest": self.sub.digest,
+        }
+
+    def close(self) -> None:
+        self.sub.close()
+
+
+# ------------------------------------------------------------------------------------------ local process
+
+
+def pool_process(spec: PoolSpec, work: Any, results: Any) -> None:
+    """Body of a local pool process: batches from `work`, events to `results` (both one-way pipes).
+
+    Exits when the driver closes its end (EOF) or sends None; any other failure is reported as an
+    "error" event with the traceback.
+    """
+    pool = None
+    try:
+        pool = Pool(spec)
+        pool.catch_up(0, spec.catch_up_wait_s)
+        if pool.version is None:
+            raise FlywheelError(f"pool {spec.pool_id}: no weights in the store ({pool.sub.last_error})")
+        pauses = pool.stats(int(pool.version), 0.0)
+        results.send(
+            ("ready", spec.pool_id, {"pid": os.getpid(), **pauses, "recoveries": pool.sub.recoveries})
+        )
+        while True:
+            items = work.recv()
+            if items is None:
+                break
+            stats = pool.run(items, lambda kind, payload: results.send((kind, spec.pool_id, payload)))
+            results.send(("batch", spec.pool_id, stats))
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass
+    except Exception as exc:
+        with contextlib.suppress(OSError):
+            results.send(("error", spec.pool_id, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        if pool is not None:
+            pool.close()
