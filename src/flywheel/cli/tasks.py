@@ -1,4 +1,4 @@
-"""`flywheel tasks …`: list, build and validate task suites."""
+"""`flywheel tasks …`: list, build, validate (verifier QA), synthesise and curate task suites."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import typer
 
 from flywheel.errors import FlywheelError
 
-app = typer.Typer(help="List, build and validate task suites.", no_args_is_help=True)
+app = typer.Typer(help="List, build, validate, synthesise and curate task suites.", no_args_is_help=True)
 
 SUITE = typer.Argument(..., help="A built-in suite (toybugs, humaneval) or a directory of tasks.")
 SPLIT = typer.Option(None, "--split", help="Only tasks of this split (toybugs: train, heldout).")
@@ -53,30 +53,115 @@ def build(
 def validate(
     suite: str = SUITE,
     split: str = SPLIT,
-    k: int = typer.Option(1, "--k", min=1, help="Grade the reference solution k times (flakiness)."),
+    k: int = typer.Option(3, "--k", min=1, help="Grade the reference solution k times (flaky: passes only sometimes)."),
+    mutants: int = typer.Option(3, "--mutants", min=0, help="Other mutants of the fixed function graded as wrong patches."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the mutant sample."),
     limit: int = typer.Option(0, "--limit", min=0, help="Validate only the first N tasks (0: all)."),
     jobs: int = typer.Option(2, "--jobs", min=1, help="Tasks graded in parallel."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every task's result."),
 ) -> None:
-    """Check each task: the reference solution passes and the unmodified repository fails."""
+    """Verifier QA: the reference passes k times, the unmodified repository and wrong patches fail."""
     from flywheel.progress import progress
     from flywheel.tasks import load_suite
     from flywheel.verify import validate_task
+    from flywheel.verify.qa import summarize
 
     tasks = load_suite(suite, split=split)
     tasks = tasks[:limit] if limit else tasks
     results = []
     with progress("validate", len(tasks)) as advance, ThreadPoolExecutor(jobs) as pool:
-        for qa in pool.map(lambda t: validate_task(t, k=k), tasks):
+        for qa in pool.map(lambda t: validate_task(t, k=k, n_mutants=mutants, seed=seed), tasks):
             results.append(qa)
             advance(valid=sum(r.ok for r in results))
-    valid = sum(r.ok for r in results)
+    summary = summarize(results)
     if as_json:
-        summary = {"suite": suite, "total": len(results), "valid": valid, "tasks": [r.to_json() for r in results]}
-        typer.echo(json.dumps(summary, indent=1))
+        typer.echo(json.dumps({"suite": suite, "k": k, "mutants": mutants, **summary,
+                               "tasks": [r.to_json() for r in results]}, indent=1))
     else:
         for r in results:
             if not r.ok:
                 typer.echo(f"{r.task_id}: {'; '.join(r.reasons)}")
-        typer.echo(f"{valid} of {len(results)} tasks valid")
-    raise typer.Exit(0 if valid == len(results) else 1)
+        rejections = ", ".join(f"{code} {n}" for code, n in summary["rejections"].items()) or "none"
+        typer.echo(f"{summary['valid']} of {summary['total']} tasks valid; rejections: {rejections}")
+        typer.echo(f"estimated false-negative rate {summary['false_negative_rate']:.3f} "
+                   f"({summary['reference_runs']} reference runs), false-positive rate "
+                   f"{summary['false_positive_rate']:.3f} ({summary['wrong_patches']} wrong patches)")
+    raise typer.Exit(0 if summary["valid"] == summary["total"] else 1)
+
+
+@app.command("synth")
+def synth(
+    from_dir: Path = typer.Option(..., "--from-dir", help="A Python project with its pytest suite (an unpacked sdist, a checkout)."),
+    out: Path = typer.Option(..., "--out", help="Directory to write the task directories and synth.json into."),
+    max_tasks: int = typer.Option(50, "--max", min=1, help="Stop after this many tasks."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the candidate order and the bug reports."),
+    timeout: float = typer.Option(None, "--timeout", min=1, help="Seconds per candidate's test run (default: 3x the baseline + 5)."),
+    name: str = typer.Option(None, "--name", help="Project name in task ids (default: the directory's name)."),
+    jobs: int = typer.Option(2, "--jobs", min=1, help="Candidates evaluated in parallel."),
+) -> None:
+    """Plant bugs in a real project's functions; keep those its tests catch; write them as tasks."""
+    from flywheel.progress import progress
+    from flywheel.tasks.synth import synthesize, write_report
+
+    if not from_dir.is_dir():
+        raise FlywheelError(f"{from_dir}: not a directory")
+    if out.exists() and not out.is_dir():
+        raise FlywheelError(f"{out}: exists and is not a directory")
+    with progress(f"synth {from_dir.name}", max_tasks) as advance:
+        seen = {"evaluated": 0, "kept": 0}
+
+        def tick(verdict: str, kept: int) -> None:
+            seen["evaluated"] += 1
+            advance(kept - seen["kept"], evaluated=seen["evaluated"])
+            seen["kept"] = kept
+
+        rep = synthesize(from_dir, out, max_tasks=max_tasks, seed=seed, timeout_s=timeout, name=name, jobs=jobs,
+                         on_candidate=tick)
+    write_report(rep, out)
+    dropped = ", ".join(f"{r} {n}" for r, n in rep.dropped.items() if n) or "none"
+    typer.echo(f"{rep.project}: {rep.kept} tasks from {rep.evaluated} candidates evaluated "
+               f"(yield {rep.yield_:.2f}; {rep.candidates} proposed); dropped: {dropped}; wrote {out}")
+
+
+@app.command("curate")
+def curate(
+    suite: str = SUITE,
+    model: str = typer.Option(..., "--model", help="scripted, scripted-noisy, hf:PATH, smollm2-135m or openai:NAME."),
+    out: Path = typer.Option(..., "--out", help="Directory for report.json, pass_rates.png, trajectories and tasks/."),
+    k: int = typer.Option(8, "--k", min=1, help="Attempts per task."),
+    p_max: float = typer.Option(0.75, "--p-max", min=0.0, max=1.0, help="Keep tasks with 0 < pass rate <= P."),
+    effort: str = typer.Option("medium", "--effort", help="Effort level: medium, high or max."),
+    split: str = SPLIT,
+    limit: int = typer.Option(0, "--limit", min=0, help="Only the first N tasks (0: all)."),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Episodes run at once."),
+    base_url: str = typer.Option(None, "--base-url", help="Server URL for openai:NAME models."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampler and of noisy oracles."),
+) -> None:
+    """Pass rate of each task over k attempts of MODEL; keep the tasks it solves only sometimes."""
+    from flywheel.harness import get_effort
+    from flywheel.models import get_model
+    from flywheel.progress import progress
+    from flywheel.tasks import load_suite
+    from flywheel.tasks.curate import curate as run_curate
+
+    get_effort(effort)  # bad input fails before anything loads
+    if p_max <= 0:
+        raise FlywheelError("--p-max must be above 0")
+    if (out / "report.json").exists():
+        raise FlywheelError(f"{out / 'report.json'} exists: choose another --out")
+    tasks = load_suite(suite, split=split)
+    tasks = tasks[:limit] if limit else tasks
+    opts = {"base_url": base_url} if model.startswith("openai:") else {}
+    policy = get_model(model, seed=seed, **opts) if model.startswith("scripted") else get_model(model, **opts)
+    wins: list[bool] = []
+    with progress(f"curate {model}", len(tasks) * k) as advance:
+
+        def tick(record: dict) -> None:
+            wins.append(record["success"])
+            advance(success=sum(wins) / len(wins))
+
+        rep = run_curate(tasks, policy, out, k=k, p_max=p_max, effort=effort, seed=seed, concurrency=concurrency,
+                         on_record=tick)
+    h = rep["histogram_before"]
+    typer.echo(f"kept {rep['kept']} of {rep['tasks']} tasks (0 < p <= {p_max}); never solved {h['never_solved']}, "
+               f"always solved {h['always_solved']}; wrote {out / 'report.json'} and {out / 'tasks'}")
