@@ -242,7 +242,7 @@ def run_suite(workspace: Path, paths: Sequence[str], *, sandbox: Sandbox, timeou
         (driver_dir / "driver.py").write_text(_DRIVER)
         (driver_dir / "pytest.ini").write_text(PYTEST_INI)
         argv = [_python(), "-I", "/synth/driver.py", "-c", "/synth/pytest.ini", "--rootdir", "/workspace",
-                "--tb=no", *paths]
+                "--tb=no", "--continue-on-collection-errors", *paths]
         result = sandbox.run(
             workspace, argv,
             limits=Limits(timeout_s=timeout_s),
