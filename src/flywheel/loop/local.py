@@ -22,6 +22,11 @@ from flywheel.loop.host import TrainerHost
 from flywheel.loop.pool import PoolSpec, pool_process
 
 Event = tuple[str, str, Any]
+# imported once by the forkserver, so a pool (re)start is a fork plus a model load
+PRELOAD = [
+    "flywheel.loop.pool", "flywheel.models.torch_engine", "flywheel.models.hf", "flywheel.harness",
+    "flywheel.verify", "flywheel.sync", "transformers.models.llama.modeling_llama",
+]  # fmt: skip
 
 
 @dataclass
@@ -35,7 +40,7 @@ class Handle:
 
 def context() -> Any:
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["flywheel.loop.pool", "flywheel.models.torch_engine", "flywheel.harness"])
+    ctx.set_forkserver_preload(PRELOAD)
     return ctx
 
 

@@ -1,0 +1,88 @@
+"""The dispatcher's bookkeeping: ids, leases, exactly-once collection, reissue and staleness (no I/O)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flywheel.errors import FlywheelError
+from flywheel.loop import Dispatcher, LoopConfig, check_config, config_from_dict, round_items, split_fresh
+from flywheel.tasks.format import Task
+
+
+def task(name: str) -> Task:
+    return Task(
+        root=Path(f"/nowhere/{name}"),
+        id=name,
+        instruction="",
+        test_command="",
+        fail_to_pass=("t",),
+        pass_to_pass=(),
+        timeout_s=1.0,
+        meta={},
+    )
+
+
+def test_round_items_are_unique_and_match_episode_ids():
+    from flywheel.harness import EpisodeSpec, get_effort
+
+    tasks = [task("a"), task("b")]
+    seen = set()
+    for r in range(3):
+        items = round_items(r, tasks, ["medium", "high"], groups=3, samples=2, seed=7, min_version=r)
+        assert len(items) == 6 and {it.round for it in items} == {r}
+        for it in items:
+            assert it.id == EpisodeSpec(it.task, get_effort(it.effort), seed=it.seed, index=it.index).id
+            seen.add(it.id)
+    assert len(seen) == 18
+    assert round_items(1, tasks, ["medium"], 3, 2, seed=7) == round_items(1, tasks, ["medium"], 3, 2, seed=7)
+
+
+def test_exactly_once_with_reissue_after_a_lost_pool():
+    d = Dispatcher()
+    items = round_items(0, [task("a")], ["medium"], groups=2, samples=2)
+    d.release(items)
+    first, second = d.take("p0", 3), d.take("p1", 3)
+    assert [it.id for it in first + second] == [it.id for it in items]
+    assert d.complete({"id": first[0].id, "policy_version": 0})
+    reissued = d.lost("p0")  # p0 died holding two items, one already answered
+    assert [it.id for it in reissued] == [it.id for it in first[1:]] and d.reissued == 2
+    again = d.take("p1", 5)
+    assert [it.id for it in again] == [it.id for it in first[1:]]
+    for it in again + second:
+        assert d.complete({"id": it.id, "policy_version": 0})
+    assert not d.complete({"id": first[1].id})  # the dead pool's late answer
+    assert not d.complete({"id": "never/issued"})
+    assert d.duplicates == 2 and d.complete_round(0)
+    records = d.pop_round(0)
+    assert [r["id"] for r in records] == [it.id for it in items]
+    assert not d.complete({"id": items[0].id}) and d.duplicates == 3  # consumed ids stay closed
+
+
+def test_expired_leases_are_reissued():
+    d = Dispatcher()
+    d.release(round_items(0, [task("a")], ["medium"], 1, 2))
+    d.take("p0", 2, now=0.0)
+    assert d.expire(10.0, now=5.0) == [] and len(d.expire(10.0, now=11.0)) == 2
+    assert d.held_by("p0") == 0 and len(d.take("p1", 2)) == 2
+
+
+def test_staleness_bound():
+    records = [{"id": str(v), "policy_version": v} for v in range(6)]
+    fresh, stale = split_fresh(records, trainer_version=5, k=2)
+    assert [r["policy_version"] for r in fresh] == [3, 4, 5]
+    assert [r["policy_version"] for r in stale] == [0, 1, 2]
+
+
+def test_config_checks():
+    cfg = LoopConfig(model="hf:x", deterministic=True, max_staleness=3)
+    assert cfg.sync and cfg.max_staleness == 0 and cfg.pool_batch == 1
+    with pytest.raises(FlywheelError, match="unknown loop backend"):
+        check_config(LoopConfig(model="hf:x", backend="slurm"))
+    with pytest.raises(FlywheelError, match="pools"):
+        check_config(LoopConfig(model="hf:x", pools=0))
+    with pytest.raises(FlywheelError, match="unknown setting"):
+        config_from_dict({"model": "hf:x", "poolz": 2})
+    with pytest.raises(FlywheelError, match="unknown effort"):
+        check_config(LoopConfig(model="hf:x", efforts=["huge"]))
