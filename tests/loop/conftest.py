@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,11 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _sync_conftest():
-    path = Path(__file__).parents[1] / "sync" / "conftest.py"
+    """The sync tests' conftest (the `WeedServer` class), with its helper module importable."""
+    sync_dir = Path(__file__).parents[1] / "sync"
+    if str(sync_dir) not in sys.path:
+        sys.path.append(str(sync_dir))
+    path = sync_dir / "conftest.py"
     spec = importlib.util.spec_from_file_location("sync_conftest_for_loop", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

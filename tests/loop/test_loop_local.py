@@ -90,7 +90,7 @@ def test_pool_killed_mid_batch_work_reissued_and_pool_rejoins(tmp_path, tiny_mod
 
 @pytest.mark.slow
 def test_store_outage_pools_keep_serving_and_publish_retries(tmp_path, tiny_model, clamp_task, weed):
-    from loop_helpers_s3 import ACCESS_KEY, SECRET_KEY
+    from sync_helpers import ACCESS_KEY, SECRET_KEY  # on the path through the weed fixture
 
     opts = {"endpoint_url": weed.endpoint, "key": ACCESS_KEY, "secret": SECRET_KEY}
     out = tmp_path / "run"
