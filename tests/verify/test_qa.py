@@ -18,6 +18,7 @@ from flywheel.verify.qa import (
     TaskQA,
     WrongPatch,
     delete_body,
+    judge,
     summarize,
     touched_functions,
     validate_task,
@@ -152,6 +153,26 @@ class MarkedRuns:
         return self.inner.run(workspace, argv, limits=limits, env=env, extra_ro=extra_ro, extra_rw=extra_rw)
 
 
+def test_judge_warns_on_a_surviving_mutant_unless_strict():
+    def graded(*passed_names):
+        names = ["noop", "delete_body:f", "mutant:flip_comparison:f:3", "mutant:off_by_one:f:4"]
+        return TaskQA("t", False, 2, 2, True, True, wrong_patches=[WrongPatch(n, n in passed_names) for n in names])
+
+    qa = graded("mutant:off_by_one:f:4")
+    judge(qa)
+    assert qa.ok and qa.codes == [] and qa.warnings == ["mutant_passes: mutant:off_by_one:f:4"]
+    assert qa.false_positive_rate == 0.25 and summarize([qa])["warnings"] == {"mutant_passes": 1}
+    qa = graded("mutant:off_by_one:f:4")
+    judge(qa, strict=True)
+    assert not qa.ok and qa.codes == ["mutant_passes"] and qa.warnings == []
+    qa = graded("delete_body:f")
+    judge(qa)
+    assert not qa.ok and qa.codes == ["delete_body_passes"]
+    qa = graded()
+    judge(qa, strict=True)
+    assert qa.ok and qa.false_positive_rate == 0.0
+
+
 def test_a_flaky_reference_is_rejected(tmp_path):
     task = make_task(tmp_path / "t", STRONG)
     qa = validate_task(task, k=3, sandbox=MarkedRuns({2}), n_mutants=0)
@@ -174,7 +195,7 @@ def test_validate_json_reports_wrong_patches_and_rejections(tmp_path):
     make_task(tmp_path / "suite" / "strong", STRONG, task_id="strong")
     make_task(tmp_path / "suite" / "weak", WEAK, task_id="weak")
     r = subprocess.run([sys.executable, "-m", "flywheel", "tasks", "validate", tmp_path / "suite", "--json",
-                        "--k", "1", "--mutants", "4"], capture_output=True, text=True)
+                        "--k", "1", "--mutants", "4", "--strict"], capture_output=True, text=True)
     data = json.loads(r.stdout)
     assert r.returncode == 1, r.stderr
     by_id = {t["task_id"]: t for t in data["tasks"]}
@@ -187,6 +208,7 @@ def test_validate_json_reports_wrong_patches_and_rejections(tmp_path):
     assert any(w["passed"] and w["name"].startswith("mutant:arithmetic_operator") for w in weak["wrong_patches"])
     assert (data["total"], data["valid"], data["rejected"]) == (2, 1, 1)
     assert data["rejections"] == {"mutant_passes": 1} and data["false_negative_rate"] == 0.0
+    assert data["strict"] and data["warnings"] == {}
     assert data["wrong_patches"] == 12 and data["false_positive_rate"] == pytest.approx(
         sum(w["passed"] for w in weak["wrong_patches"]) / 12)
 

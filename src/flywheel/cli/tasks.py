@@ -56,6 +56,7 @@ def validate(
     k: int = typer.Option(3, "--k", min=1, help="Grade the reference solution k times (flaky: passes only sometimes)."),
     mutants: int = typer.Option(3, "--mutants", min=0, help="Other mutants of the fixed function graded as wrong patches."),
     seed: int = typer.Option(0, "--seed", help="Seed of the mutant sample."),
+    strict: bool = typer.Option(False, "--strict", help="Reject a task when a mutant passes (default: a warning)."),
     limit: int = typer.Option(0, "--limit", min=0, help="Validate only the first N tasks (0: all)."),
     jobs: int = typer.Option(2, "--jobs", min=1, help="Tasks graded in parallel."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every task's result."),
@@ -70,19 +71,20 @@ def validate(
     tasks = tasks[:limit] if limit else tasks
     results = []
     with progress("validate", len(tasks)) as advance, ThreadPoolExecutor(jobs) as pool:
-        for qa in pool.map(lambda t: validate_task(t, k=k, n_mutants=mutants, seed=seed), tasks):
+        for qa in pool.map(lambda t: validate_task(t, k=k, n_mutants=mutants, seed=seed, strict=strict), tasks):
             results.append(qa)
             advance(valid=sum(r.ok for r in results))
     summary = summarize(results)
     if as_json:
-        typer.echo(json.dumps({"suite": suite, "k": k, "mutants": mutants, **summary,
+        typer.echo(json.dumps({"suite": suite, "k": k, "mutants": mutants, "strict": strict, **summary,
                                "tasks": [r.to_json() for r in results]}, indent=1))
     else:
         for r in results:
             if not r.ok:
                 typer.echo(f"{r.task_id}: {'; '.join(r.reasons)}")
         rejections = ", ".join(f"{code} {n}" for code, n in summary["rejections"].items()) or "none"
-        typer.echo(f"{summary['valid']} of {summary['total']} tasks valid; rejections: {rejections}")
+        warned = ", ".join(f"{code} {n}" for code, n in summary["warnings"].items()) or "none"
+        typer.echo(f"{summary['valid']} of {summary['total']} tasks valid; rejections: {rejections}; warnings: {warned}")
         typer.echo(f"estimated false-negative rate {summary['false_negative_rate']:.3f} "
                    f"({summary['reference_runs']} reference runs), false-positive rate "
                    f"{summary['false_positive_rate']:.3f} ({summary['wrong_patches']} wrong patches)")

@@ -111,6 +111,7 @@ def plot(rep: Mapping[str, Any], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     edges = rep["histogram_before"]["edges"]
     mids = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:], strict=True)]
@@ -120,6 +121,7 @@ def plot(rep: Mapping[str, Any], path: Path) -> Path:
     ax.bar([m + width / 2 for m in mids], rep["histogram_after"]["counts"], width, label=f"kept ({rep['kept']})")
     ax.set_xlabel(f"pass rate over k={rep.get('k', '?')} attempts")
     ax.set_ylabel("tasks")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"{rep.get('model', '')}: keep 0 < p ≤ {rep.get('p_max', '?')}")
     ax.legend()
     fig.tight_layout()

@@ -14,9 +14,10 @@ A policy trained by RL learns whatever the verifier rewards, so only tasks that 
   task's estimated **false-positive rate**.
 
 A task is rejected with one reason code per failed check (`REASONS`); `summarize` counts them over a suite
-and pools the two rates. Caveat: a mutant can be equivalent to the fix (it changes no behaviour), and then
-its "passing" is not a verifier error; mutants are sampled from the fixed function alone and most
-operators change behaviour, but the false-positive rate is an upper bound, not an exact figure.
+and pools the two rates. A mutant can be equivalent to the fix (`x > hi: return hi` flipped to `x >= hi`
+changes nothing), and then its passing is not a verifier error, so the false-positive rate is an upper
+bound and a surviving mutant is by default a warning (`warnings`, counted apart), a rejection only with
+`strict=True`. The no-op and the deleted body are never equivalent to a fix: they always reject.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class TaskQA:
     unmodified_fails: bool
     fail_to_pass_fail_before: bool
     reasons: list[str] = field(default_factory=list)  # human-readable, with details
-    codes: list[str] = field(default_factory=list)  # keys of REASONS
+    codes: list[str] = field(default_factory=list)  # keys of REASONS: why the task is rejected
+    warnings: list[str] = field(default_factory=list)  # "mutant_passes: NAME" when not strict
     wrong_patches: list[WrongPatch] = field(default_factory=list)
 
     @property
@@ -184,9 +186,15 @@ def wrong_patch_limits(task: Task, reference_wall_s: float) -> Limits:
 
 
 def validate_task(
-    task: Task, k: int = 1, sandbox: Sandbox | None = None, n_mutants: int = 3, seed: int = 0
+    task: Task,
+    k: int = 1,
+    sandbox: Sandbox | None = None,
+    n_mutants: int = 3,
+    seed: int = 0,
+    strict: bool = False,
 ) -> TaskQA:
-    """Run every QA check on `task` (see the module docstring); `n_mutants=0` grades no mutants."""
+    """Run every QA check on `task` (see the module docstring); `n_mutants=0` grades no mutants, `strict`
+    rejects a task when a mutant passes."""
     qa = TaskQA(task.id, False, 0, k, False, False)
     wall = 0.0
     try:
@@ -207,7 +215,7 @@ def validate_task(
         for name, patch in wrong_patches(task, n_mutants, seed):
             v = grade_patch(task, patch, sandbox, wrong_patch_limits(task, wall or task.timeout_s))
             qa.wrong_patches.append(WrongPatch(name, v.success, v.error))
-    _judge(qa)
+    judge(qa, strict)
     return qa
 
 
@@ -217,7 +225,8 @@ def _reject(qa: TaskQA, code: str, detail: str | None = None) -> None:
         qa.reasons.append(detail or REASONS[code])
 
 
-def _judge(qa: TaskQA) -> None:
+def judge(qa: TaskQA, strict: bool = False) -> None:
+    """Set `qa.ok`, reason codes and warnings from the graded results already in `qa`."""
     if "patch_does_not_apply" not in qa.codes and qa.reference_passes < qa.k:
         if qa.reference_passes == 0:
             _reject(qa, "reference_fails")
@@ -228,9 +237,14 @@ def _judge(qa: TaskQA) -> None:
     if not qa.fail_to_pass_fail_before:
         _reject(qa, "fail_to_pass_passes_before")
     for w in qa.wrong_patches:
-        if w.passed and w.name != "noop":
-            code = "delete_body_passes" if w.name.startswith("delete_body") else "mutant_passes"
-            _reject(qa, code, f"{REASONS[code]}: {w.name}")
+        if not w.passed or w.name == "noop":
+            continue
+        if w.name.startswith("delete_body"):
+            _reject(qa, "delete_body_passes", f"{REASONS['delete_body_passes']}: {w.name}")
+        elif strict:
+            _reject(qa, "mutant_passes", f"{REASONS['mutant_passes']}: {w.name}")
+        else:
+            qa.warnings.append(f"mutant_passes: {w.name}")
     qa.ok = not qa.codes
 
 
@@ -240,11 +254,13 @@ def summarize(results: Iterable[TaskQA]) -> dict:
     runs = sum(r.k for r in results)
     wrong = [w for r in results for w in r.wrong_patches]
     rejections = Counter(code for r in results for code in r.codes)
+    warned = Counter(w.split(":", 1)[0] for r in results for w in r.warnings)
     return {
         "total": len(results),
         "valid": sum(r.ok for r in results),
         "rejected": sum(not r.ok for r in results),
         "rejections": {code: rejections[code] for code in REASONS if rejections[code]},
+        "warnings": dict(sorted(warned.items())),  # tasks with a surviving mutant, when not strict
         "reference_runs": runs,
         "false_negative_rate": sum(r.k - r.reference_passes for r in results) / runs if runs else 0.0,
         "wrong_patches": len(wrong),
