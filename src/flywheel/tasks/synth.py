@@ -36,10 +36,11 @@ import shutil
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import TypeVar
 
 from flywheel.errors import FlywheelError
 from flywheel.protocols import Limits, Sandbox
@@ -48,6 +49,7 @@ from flywheel.tasks.format import task_toml, write_task
 from flywheel.tasks.mutate import KINDS, Mutant, mutants
 from flywheel.tasks.patch import make_patch
 
+T = TypeVar("T")
 DROP_REASONS = ("timeout", "collection", "crash", "no_failure", "all_failed")
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".tox", ".nox", ".eggs", "build", "dist", "docs", "doc",
               ".venv", "venv", "node_modules", ".mypy_cache", ".ruff_cache"}
@@ -357,31 +359,34 @@ def synthesize(
             finally:
                 shutil.rmtree(ws, ignore_errors=True)
 
-        with ThreadPoolExecutor(max(1, jobs)) as pool:
-            for at in range(0, len(order), max(1, jobs)):
-                if report.kept >= max_tasks:
-                    break
-                batch = order[at : at + max(1, jobs)]
-                runs = list(pool.map(evaluate, batch, range(at, at + len(batch))))
-                for (path, mutant), run in zip(batch, runs, strict=True):
-                    if report.kept >= max_tasks:
-                        break
-                    verdict, f2p, still = classify(passing, run, collect_errors)
-                    report.evaluated += 1
-                    if verdict == "kept":
-                        task_id = f"{project}-{report.kept:04d}"
-                        _write_synth_task(out / task_id, task_id, project, files, path, mutant, f2p, still,
-                                          run, baseline, seed)
-                        report.kept += 1
-                        report.tasks.append(task_id)
-                        report.kinds[mutant.kind] = report.kinds.get(mutant.kind, 0) + 1
-                    else:
-                        drops[verdict] += 1
-                    if on_candidate:
-                        on_candidate(verdict, report.kept)
+        for (path, mutant), run in _in_order(order, evaluate, max(1, jobs)):
+            if report.kept >= max_tasks:
+                break
+            verdict, f2p, still = classify(passing, run, collect_errors)
+            report.evaluated += 1
+            if verdict == "kept":
+                task_id = f"{project}-{report.kept:04d}"
+                _write_synth_task(out / task_id, task_id, project, files, path, mutant, f2p, still, run,
+                                  baseline, seed)
+                report.kept += 1
+                report.tasks.append(task_id)
+                report.kinds[mutant.kind] = report.kinds.get(mutant.kind, 0) + 1
+            else:
+                drops[verdict] += 1
+            if on_candidate:
+                on_candidate(verdict, report.kept)
     report.dropped = {r: drops.get(r, 0) for r in DROP_REASONS}
     report.wall_s = time.perf_counter() - start
     return report
+
+
+def _in_order(items: Sequence[T], fn: Callable[[T, int], SuiteRun], jobs: int) -> Iterator[tuple[T, SuiteRun]]:
+    """(item, fn(item, index)) in the items' order, `jobs` evaluated at a time; lazy, so a consumer that
+    stops early leaves the rest unevaluated."""
+    with ThreadPoolExecutor(jobs) as pool:
+        for at in range(0, len(items), jobs):
+            batch = items[at : at + jobs]
+            yield from zip(batch, pool.map(fn, batch, range(at, at + len(batch))), strict=True)
 
 
 def _mutants_of(source: str) -> list[Mutant]:
