@@ -10,6 +10,11 @@ The bandwidth bound: batch-1 decoding reads every weight once per token, so toke
 copy bandwidth / weight bytes, where copy bandwidth = bytes read + written per second by a large tensor
 copy. The table reports the fraction of that bound the engine reaches at batch 1.
 
+Threads default to 1: on a small shared machine, intra-op threads that wait at barriers for a descheduled
+sibling slow every op down by an order of magnitude, which drowns the comparison in noise. Both sides
+always run with the same thread count. The engine shares the prompts' common prefix (the chat template's
+system prompt here) across the batch; `generate` prefills every row in full. Both are in the timings.
+
     .venv/bin/python benchmarks/bench_engine.py --out /tmp/bench_engine.json
 """
 
@@ -166,7 +171,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--models", default="tiny,smollm2-135m")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
