@@ -167,6 +167,7 @@ def curate(
     rates = {t.id: (0, 0) for t in tasks} | pass_rates(records)
     kept = select(rates, p_max, task_ids=[t.id for t in tasks])
     by_id = {t.id: t for t in tasks}
+    (out / "tasks").mkdir(exist_ok=True)
     for tid in kept:
         dest = out / "tasks" / tid
         shutil.rmtree(dest, ignore_errors=True)
