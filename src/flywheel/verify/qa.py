@@ -212,9 +212,11 @@ def validate_task(
     qa.fail_to_pass_fail_before = all(before.tests.get(t) != "passed" for t in task.fail_to_pass)
     qa.wrong_patches.append(WrongPatch("noop", before.success, before.error))
     if "patch_does_not_apply" not in qa.codes:
+        limits = wrong_patch_limits(task, wall or task.timeout_s)
         for name, patch in wrong_patches(task, n_mutants, seed):
-            v = grade_patch(task, patch, sandbox, wrong_patch_limits(task, wall or task.timeout_s))
-            qa.wrong_patches.append(WrongPatch(name, v.success, v.error))
+            v = grade_patch(task, patch, sandbox, limits)
+            error = f"tests timed out after {limits.timeout_s:g} s" if v.error and "timed out" in v.error else v.error
+            qa.wrong_patches.append(WrongPatch(name, v.success, error))
     judge(qa, strict)
     return qa
 
