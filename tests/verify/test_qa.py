@@ -71,12 +71,12 @@ def test_not_on_a_marked_run():
     assert os.environ.get("QA_FLAKE") != "fail"
 '''
 FAIL_BEFORE = ("test_all_hits", "test_third", "test_most", "test_half")
-# Only one case: every arithmetic-operator mutant of `score` still returns 100 for it.
+# One case only: the off-by-one mutant of the fixed `score` (`== 0` -> `== 1`) still returns 75 for it.
 WEAK = '''from scores import score
 
 
-def test_all_hits():
-    assert score(1, 0) == 100
+def test_most():
+    assert score(3, 1) == 75
 '''
 
 
@@ -195,22 +195,21 @@ def test_validate_json_reports_wrong_patches_and_rejections(tmp_path):
     make_task(tmp_path / "suite" / "strong", STRONG, task_id="strong")
     make_task(tmp_path / "suite" / "weak", WEAK, task_id="weak")
     r = subprocess.run([sys.executable, "-m", "flywheel", "tasks", "validate", tmp_path / "suite", "--json",
-                        "--k", "1", "--mutants", "4", "--strict"], capture_output=True, text=True)
+                        "--k", "1", "--mutants", "2", "--strict"], capture_output=True, text=True)
     data = json.loads(r.stdout)
     assert r.returncode == 1, r.stderr
     by_id = {t["task_id"]: t for t in data["tasks"]}
     strong, weak = by_id["strong"], by_id["weak"]
     assert strong["ok"] and strong["codes"] == [] and strong["reference_passes"] == 1, strong["reasons"]
     names = [w["name"].split(":")[0] for w in strong["wrong_patches"]]
-    assert names == ["noop", "delete_body"] + ["mutant"] * 4
+    assert names == ["noop", "delete_body", "mutant", "mutant"]
     assert not any(w["passed"] for w in strong["wrong_patches"]) and strong["false_positive_rate"] == 0.0
-    assert weak["codes"] == ["mutant_passes"] and weak["false_positive_rate"] > 0
-    assert any(w["passed"] and w["name"].startswith("mutant:arithmetic_operator") for w in weak["wrong_patches"])
+    assert weak["codes"] == ["mutant_passes"] and weak["false_positive_rate"] == 0.25
+    assert [w["name"] for w in weak["wrong_patches"] if w["passed"]] == ["mutant:off_by_one:score:3"]
     assert (data["total"], data["valid"], data["rejected"]) == (2, 1, 1)
     assert data["rejections"] == {"mutant_passes": 1} and data["false_negative_rate"] == 0.0
     assert data["strict"] and data["warnings"] == {}
-    assert data["wrong_patches"] == 12 and data["false_positive_rate"] == pytest.approx(
-        sum(w["passed"] for w in weak["wrong_patches"]) / 12)
+    assert data["wrong_patches"] == 8 and data["false_positive_rate"] == pytest.approx(1 / 8)
 
 
 def test_wrong_patches_apply_to_the_task_repository(tmp_path):
