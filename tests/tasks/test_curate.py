@@ -87,10 +87,14 @@ class CoinModel:
 def double_task(dest: Path, task_id: str):
     return write_task(
         dest,
-        toml=task_toml(id=task_id, instruction="double(5) returns 7; it should be 10.",
-                       test_command="python -m pytest -q tests",
-                       fail_to_pass=["tests/test_mathx.py::test_double"],
-                       pass_to_pass=[], timeout_s=30),
+        toml=task_toml(
+            id=task_id,
+            instruction="double(5) returns 7; it should be 10.",
+            test_command="python -m pytest -q tests",
+            fail_to_pass=["tests/test_mathx.py::test_double"],
+            pass_to_pass=[],
+            timeout_s=30,
+        ),
         repo={"mathx.py": BUGGY, "tests/test_mathx.py": TESTS},
         hidden_tests={"tests/test_mathx.py": TESTS},
         solution_patch=make_patch({"mathx.py": BUGGY}, {"mathx.py": GOOD}),
@@ -115,12 +119,26 @@ def test_curate_keeps_the_sometimes_solved_task(tmp_path):
 
 def test_curate_command_with_an_oracle(clamp_task, tmp_path):
     out = tmp_path / "cur"
-    cmd = [sys.executable, "-m", "flywheel", "tasks", "curate", clamp_task.root.parent, "--model", "scripted-noisy",
-           "--k", "2", "--out", out]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flywheel",
+        "tasks",
+        "curate",
+        clamp_task.root.parent,
+        "--model",
+        "scripted-noisy",
+        "--k",
+        "2",
+        "--out",
+        out,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     rep = json.loads((out / "report.json").read_text())
-    assert rep["rates"]["clamp-1"]["p"] == 1.0 and rep["kept"] == 0  # the oracle always solves: nothing to learn
+    assert (
+        rep["rates"]["clamp-1"]["p"] == 1.0 and rep["kept"] == 0
+    )  # the oracle always solves: nothing to learn
     assert rep["histogram_before"]["always_solved"] == 1 and "kept 0 of 1" in r.stdout
     r = subprocess.run(cmd[:-1] + [tmp_path / "x", "--p-max", "0"], capture_output=True, text=True)
     assert r.returncode == 2 and "p-max" in r.stderr and "Traceback" not in r.stderr

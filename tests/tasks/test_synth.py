@@ -51,7 +51,7 @@ def running_total(xs):
         out.append(total)
     return out
 '''
-TESTS = '''import pytest
+TESTS = """import pytest
 
 from calc import clamp, mean, running_total
 
@@ -84,13 +84,15 @@ def test_running_total(xs, want):
 
 def test_already_broken():
     assert clamp(1, 0, 2) == 2  # fails at baseline: never a fail_to_pass test
-'''
+"""
 
 
 def write_project(root: Path) -> Path:
     (root / "tests").mkdir(parents=True)
     (root / "calc.py").write_text(CALC)
-    (root / "setup.py").write_text("from setuptools import setup\n\nsetup(name='calc', py_modules=['calc'])\n")
+    (root / "setup.py").write_text(
+        "from setuptools import setup\n\nsetup(name='calc', py_modules=['calc'])\n"
+    )
     (root / "tests" / "test_calc.py").write_text(TESTS)
     return root
 
@@ -100,19 +102,34 @@ def flywheel(*args):
 
 
 def changed_lines(patch: str) -> list[str]:
-    return [ln[1:].strip() for fp in parse_patch(patch) for _, body in fp.hunks for ln in body if ln[0] in "+-"]
+    return [
+        ln[1:].strip() for fp in parse_patch(patch) for _, body in fp.hunks for ln in body if ln[0] in "+-"
+    ]
 
 
 def test_test_files_and_source_files():
-    files = {"pkg/core.py": "", "pkg/tests/test_core.py": "", "pkg/conftest.py": "", "test_x.py": "",
-             "setup.py": "", "pkg/_version.py": "", "tests/helpers.py": "", "util_test.py": "", "README.rst": ""}
+    files = {
+        "pkg/core.py": "",
+        "pkg/tests/test_core.py": "",
+        "pkg/conftest.py": "",
+        "test_x.py": "",
+        "setup.py": "",
+        "pkg/_version.py": "",
+        "tests/helpers.py": "",
+        "util_test.py": "",
+        "README.rst": "",
+    }
     assert source_files(files) == ["pkg/core.py"]
-    assert is_test_file("tests/helpers.py") and is_test_file("util_test.py") and not is_test_file("pkg/core.py")
+    assert (
+        is_test_file("tests/helpers.py") and is_test_file("util_test.py") and not is_test_file("pkg/core.py")
+    )
 
 
 def test_candidates_spread_over_functions_first():
-    found = {"a.py": [Mutant(k, f, 1, "", f"{f}{k}") for f in ("f", "g") for k in KINDS[:3]],
-             "b.py": [Mutant("wrong_return", "h", 1, "", "h")]}
+    found = {
+        "a.py": [Mutant(k, f, 1, "", f"{f}{k}") for f in ("f", "g") for k in KINDS[:3]],
+        "b.py": [Mutant("wrong_return", "h", 1, "", "h")],
+    }
     order = candidate_order(found, seed=1)
     assert len(order) == 7 and order == candidate_order(found, seed=1)
     assert {(p, m.function) for p, m in order[:3]} == {("a.py", "f"), ("a.py", "g"), ("b.py", "h")}
@@ -132,14 +149,26 @@ def test_classify_each_reason():
     assert classify(passing, run({}, error="no test report"))[0] == "crash"
     assert classify(passing, run({"t::a": "passed", "t::b": "passed"}))[0] == "no_failure"
     assert classify(passing, run({"t::a": "failed", "t::b": "error"}))[0] == "all_failed"
-    assert classify(passing, run({"t::a": "failed", "t::b": "passed", "t::c": "failed"})) == ("kept", ["t::a"], ["t::b"])
+    assert classify(passing, run({"t::a": "failed", "t::b": "passed", "t::c": "failed"})) == (
+        "kept",
+        ["t::a"],
+        ["t::b"],
+    )
     assert set(DROP_REASONS) == {"timeout", "collection", "crash", "no_failure", "all_failed"}
 
 
 def test_bug_report_names_tests_and_hides_the_changed_code():
-    messages = {"t.py::test_a": "AssertionError: assert 3 == 4\n  where 3 = total - 1\n? ^", "t.py::test_b": ""}
-    text = bug_report("calc", ["t.py::test_a", "t.py::test_b"], messages, random.Random(0),
-                      forbidden=["return total - 1", "where 3 = total - 1"])
+    messages = {
+        "t.py::test_a": "AssertionError: assert 3 == 4\n  where 3 = total - 1\n? ^",
+        "t.py::test_b": "",
+    }
+    text = bug_report(
+        "calc",
+        ["t.py::test_a", "t.py::test_b"],
+        messages,
+        random.Random(0),
+        forbidden=["return total - 1", "where 3 = total - 1"],
+    )
     assert "t.py::test_a" in text and "assert 3 == 4" in text and "t.py::test_b" in text
     assert "total - 1" not in text and "?" not in text.split("test_a", 1)[1].split("\n")[0]
 
@@ -155,7 +184,10 @@ def test_real_runs_that_time_out_or_break_collection_are_dropped(tmp_path):
     assert classify(passing, run_suite(ws, ["tests"], sandbox=sandbox, timeout_s=3))[0] == "timeout"
     (ws / "spin.py").write_text("raise ImportError('broken at import time')\n")
     run = run_suite(ws, ["tests"], sandbox=sandbox, timeout_s=30)
-    assert run.collect_errors == ["tests/test_spin.py"] and run.outcomes["tests/test_fine.py::test_fine"] == "passed"
+    assert (
+        run.collect_errors == ["tests/test_spin.py"]
+        and run.outcomes["tests/test_fine.py::test_fine"] == "passed"
+    )
     assert classify(passing, run)[0] == "collection"
 
 
@@ -179,7 +211,10 @@ def test_synth_command_writes_gradable_tasks(tmp_path):
         assert "tests/test_calc.py::test_already_broken" not in (*task.fail_to_pass, *task.pass_to_pass)
         assert set(task.fail_to_pass).isdisjoint(task.pass_to_pass) and task.pass_to_pass
         repo = read_tree(task.repo)
-        assert repo["calc.py"] != CALC and apply_patch(repo, task.solution_patch)["calc.py"] == original["calc.py"]
+        assert (
+            repo["calc.py"] != CALC
+            and apply_patch(repo, task.solution_patch)["calc.py"] == original["calc.py"]
+        )
         assert task.fail_to_pass[0] in task.instruction
         for line in changed_lines(task.solution_patch):
             assert line not in task.instruction
@@ -210,7 +245,9 @@ def test_synth_on_a_real_sdist(package, tmp_path):
     with tarfile.open(archive) as tar:
         tar.extractall(tmp_path, filter="data")
     out = tmp_path / "tasks"
-    r = flywheel("tasks", "synth", "--from-dir", tmp_path / package, "--out", out, "--max", "4", "--seed", "0")
+    r = flywheel(
+        "tasks", "synth", "--from-dir", tmp_path / package, "--out", out, "--max", "4", "--seed", "0"
+    )
     assert r.returncode == 0, r.stderr
     report = json.loads((out / "synth.json").read_text())
     assert report["kept"] == 4 and report["baseline_passing"] > 100, report

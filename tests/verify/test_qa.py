@@ -38,7 +38,7 @@ def double(x):
 '''
 BUGGY = GOOD.replace("// (hits + misses)", "// (hits + misses + 1)")
 # Every single-site mutant of the fixed `score` fails at least one of these tests.
-STRONG = '''import os
+STRONG = """import os
 
 from scores import score
 
@@ -69,19 +69,25 @@ def test_none():
 
 def test_not_on_a_marked_run():
     assert os.environ.get("QA_FLAKE") != "fail"
-'''
+"""
 FAIL_BEFORE = ("test_all_hits", "test_third", "test_most", "test_half")
 # One case only: the off-by-one mutant of the fixed `score` (`== 0` -> `== 1`) still returns 75 for it.
-WEAK = '''from scores import score
+WEAK = """from scores import score
 
 
 def test_most():
     assert score(3, 1) == 75
-'''
+"""
 
 
-def make_task(dest: Path, tests: str, *, task_id: str = "score-qa", solution: str | None = None,
-              repo_source: str = BUGGY) -> Task:
+def make_task(
+    dest: Path,
+    tests: str,
+    *,
+    task_id: str = "score-qa",
+    solution: str | None = None,
+    repo_source: str = BUGGY,
+) -> Task:
     names = [ln[4:].split("(")[0] for ln in tests.splitlines() if ln.startswith("def test_")]
     node = "tests/test_scores.py::"
     return write_task(
@@ -96,7 +102,9 @@ def make_task(dest: Path, tests: str, *, task_id: str = "score-qa", solution: st
         ),
         repo={"scores.py": repo_source, "tests/test_scores.py": WEAK},
         hidden_tests={"tests/test_scores.py": tests},
-        solution_patch=solution if solution is not None else make_patch({"scores.py": BUGGY}, {"scores.py": GOOD}),
+        solution_patch=solution
+        if solution is not None
+        else make_patch({"scores.py": BUGGY}, {"scores.py": GOOD}),
     )
 
 
@@ -107,7 +115,10 @@ def test_touched_functions_and_delete_body():
     assert touched_functions(BUGGY, GOOD) == ["score"]
     assert touched_functions(GOOD, GOOD + "\n\ndef extra():\n    return 1\n") == ["extra"]
     deleted = delete_body(GOOD, "score")
-    assert deleted is not None and '"""Share of hits, as a whole percentage rounded down."""\n    pass\n' in deleted
+    assert (
+        deleted is not None
+        and '"""Share of hits, as a whole percentage rounded down."""\n    pass\n' in deleted
+    )
     assert "if hits" not in deleted and "return 2 * x" in deleted  # the other function is untouched
     assert delete_body("def f(): return 1\n", "f") is None and delete_body(GOOD, "nope") is None
 
@@ -125,14 +136,33 @@ def test_wrong_sources_are_other_bugs_in_the_fixed_function():
 
 def test_summarize_counts_reasons_and_pools_rates():
     a = TaskQA("a", True, 3, 3, True, True, wrong_patches=[WrongPatch("noop", False), WrongPatch("m", False)])
-    b = TaskQA("b", False, 1, 3, True, True, reasons=["x", "y"], codes=["flaky", "mutant_passes"],
-               wrong_patches=[WrongPatch("noop", False), WrongPatch("m", True)])
-    c = TaskQA("c", False, 0, 2, False, False, codes=["reference_fails", "unmodified_passes"],
-               wrong_patches=[WrongPatch("noop", True)])
+    b = TaskQA(
+        "b",
+        False,
+        1,
+        3,
+        True,
+        True,
+        reasons=["x", "y"],
+        codes=["flaky", "mutant_passes"],
+        wrong_patches=[WrongPatch("noop", False), WrongPatch("m", True)],
+    )
+    c = TaskQA(
+        "c",
+        False,
+        0,
+        2,
+        False,
+        False,
+        codes=["reference_fails", "unmodified_passes"],
+        wrong_patches=[WrongPatch("noop", True)],
+    )
     s = summarize([a, b, c])
     assert (s["total"], s["valid"], s["rejected"]) == (3, 1, 2)
     assert s["rejections"] == {"reference_fails": 1, "flaky": 1, "unmodified_passes": 1, "mutant_passes": 1}
-    assert s["false_negative_rate"] == pytest.approx(4 / 8) and s["false_positive_rate"] == pytest.approx(2 / 5)
+    assert s["false_negative_rate"] == pytest.approx(4 / 8) and s["false_positive_rate"] == pytest.approx(
+        2 / 5
+    )
     assert b.false_negative_rate == pytest.approx(2 / 3) and b.false_positive_rate == 0.5
     assert set(REASONS) >= set(s["rejections"])
 
@@ -156,7 +186,9 @@ class MarkedRuns:
 def test_judge_warns_on_a_surviving_mutant_unless_strict():
     def graded(*passed_names):
         names = ["noop", "delete_body:f", "mutant:flip_comparison:f:3", "mutant:off_by_one:f:4"]
-        return TaskQA("t", False, 2, 2, True, True, wrong_patches=[WrongPatch(n, n in passed_names) for n in names])
+        return TaskQA(
+            "t", False, 2, 2, True, True, wrong_patches=[WrongPatch(n, n in passed_names) for n in names]
+        )
 
     qa = graded("mutant:off_by_one:f:4")
     judge(qa)
@@ -181,7 +213,9 @@ def test_a_flaky_reference_is_rejected(tmp_path):
 
 
 def test_broken_tasks_get_their_reason_codes(tmp_path):
-    bad_patch = make_task(tmp_path / "a", STRONG, solution=make_patch({"scores.py": GOOD}, {"scores.py": BUGGY}))
+    bad_patch = make_task(
+        tmp_path / "a", STRONG, solution=make_patch({"scores.py": GOOD}, {"scores.py": BUGGY})
+    )
     qa = validate_task(bad_patch, k=1, n_mutants=0)
     assert qa.codes == ["patch_does_not_apply"] and not qa.ok
     comment_only = make_patch({"scores.py": GOOD}, {"scores.py": "# fixed\n" + GOOD})
@@ -194,8 +228,24 @@ def test_broken_tasks_get_their_reason_codes(tmp_path):
 def test_validate_json_reports_wrong_patches_and_rejections(tmp_path):
     make_task(tmp_path / "suite" / "strong", STRONG, task_id="strong")
     make_task(tmp_path / "suite" / "weak", WEAK, task_id="weak")
-    r = subprocess.run([sys.executable, "-m", "flywheel", "tasks", "validate", tmp_path / "suite", "--json",
-                        "--k", "1", "--mutants", "2", "--strict"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flywheel",
+            "tasks",
+            "validate",
+            tmp_path / "suite",
+            "--json",
+            "--k",
+            "1",
+            "--mutants",
+            "2",
+            "--strict",
+        ],
+        capture_output=True,
+        text=True,
+    )
     data = json.loads(r.stdout)
     assert r.returncode == 1, r.stderr
     by_id = {t["task_id"]: t for t in data["tasks"]}

@@ -53,10 +53,16 @@ def build(
 def validate(
     suite: str = SUITE,
     split: str = SPLIT,
-    k: int = typer.Option(3, "--k", min=1, help="Grade the reference solution k times (flaky: passes only sometimes)."),
-    mutants: int = typer.Option(3, "--mutants", min=0, help="Other mutants of the fixed function graded as wrong patches."),
+    k: int = typer.Option(
+        3, "--k", min=1, help="Grade the reference solution k times (flaky: passes only sometimes)."
+    ),
+    mutants: int = typer.Option(
+        3, "--mutants", min=0, help="Other mutants of the fixed function graded as wrong patches."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the mutant sample."),
-    strict: bool = typer.Option(False, "--strict", help="Reject a task when a mutant passes (default: a warning)."),
+    strict: bool = typer.Option(
+        False, "--strict", help="Reject a task when a mutant passes (default: a warning)."
+    ),
     limit: int = typer.Option(0, "--limit", min=0, help="Validate only the first N tasks (0: all)."),
     jobs: int = typer.Option(2, "--jobs", min=1, help="Tasks graded in parallel."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every task's result."),
@@ -71,34 +77,59 @@ def validate(
     tasks = tasks[:limit] if limit else tasks
     results = []
     with progress("validate", len(tasks)) as advance, ThreadPoolExecutor(jobs) as pool:
-        for qa in pool.map(lambda t: validate_task(t, k=k, n_mutants=mutants, seed=seed, strict=strict), tasks):
+        for qa in pool.map(
+            lambda t: validate_task(t, k=k, n_mutants=mutants, seed=seed, strict=strict), tasks
+        ):
             results.append(qa)
             advance(valid=sum(r.ok for r in results))
     summary = summarize(results)
     if as_json:
-        typer.echo(json.dumps({"suite": suite, "k": k, "mutants": mutants, "strict": strict, **summary,
-                               "tasks": [r.to_json() for r in results]}, indent=1))
+        typer.echo(
+            json.dumps(
+                {
+                    "suite": suite,
+                    "k": k,
+                    "mutants": mutants,
+                    "strict": strict,
+                    **summary,
+                    "tasks": [r.to_json() for r in results],
+                },
+                indent=1,
+            )
+        )
     else:
         for r in results:
             if not r.ok:
                 typer.echo(f"{r.task_id}: {'; '.join(r.reasons)}")
         rejections = ", ".join(f"{code} {n}" for code, n in summary["rejections"].items()) or "none"
         warned = ", ".join(f"{code} {n}" for code, n in summary["warnings"].items()) or "none"
-        typer.echo(f"{summary['valid']} of {summary['total']} tasks valid; rejections: {rejections}; warnings: {warned}")
-        typer.echo(f"estimated false-negative rate {summary['false_negative_rate']:.3f} "
-                   f"({summary['reference_runs']} reference runs), false-positive rate "
-                   f"{summary['false_positive_rate']:.3f} ({summary['wrong_patches']} wrong patches)")
+        typer.echo(
+            f"{summary['valid']} of {summary['total']} tasks valid; rejections: {rejections}; warnings: {warned}"
+        )
+        typer.echo(
+            f"estimated false-negative rate {summary['false_negative_rate']:.3f} "
+            f"({summary['reference_runs']} reference runs), false-positive rate "
+            f"{summary['false_positive_rate']:.3f} ({summary['wrong_patches']} wrong patches)"
+        )
     raise typer.Exit(0 if summary["valid"] == summary["total"] else 1)
 
 
 @app.command("synth")
 def synth(
-    from_dir: Path = typer.Option(..., "--from-dir", help="A Python project with its pytest suite (an unpacked sdist, a checkout)."),
-    out: Path = typer.Option(..., "--out", help="Directory to write the task directories and synth.json into."),
+    from_dir: Path = typer.Option(
+        ..., "--from-dir", help="A Python project with its pytest suite (an unpacked sdist, a checkout)."
+    ),
+    out: Path = typer.Option(
+        ..., "--out", help="Directory to write the task directories and synth.json into."
+    ),
     max_tasks: int = typer.Option(50, "--max", min=1, help="Stop after this many tasks."),
     seed: int = typer.Option(0, "--seed", help="Seed of the candidate order and the bug reports."),
-    timeout: float = typer.Option(None, "--timeout", min=1, help="Seconds per candidate's test run (default: 3x the baseline + 5)."),
-    name: str = typer.Option(None, "--name", help="Project name in task ids (default: the directory's name)."),
+    timeout: float = typer.Option(
+        None, "--timeout", min=1, help="Seconds per candidate's test run (default: 3x the baseline + 5)."
+    ),
+    name: str = typer.Option(
+        None, "--name", help="Project name in task ids (default: the directory's name)."
+    ),
     jobs: int = typer.Option(2, "--jobs", min=1, help="Candidates evaluated in parallel."),
 ) -> None:
     """Plant bugs in a real project's functions; keep those its tests catch; write them as tasks."""
@@ -117,21 +148,37 @@ def synth(
             advance(kept - seen["kept"], evaluated=seen["evaluated"])
             seen["kept"] = kept
 
-        rep = synthesize(from_dir, out, max_tasks=max_tasks, seed=seed, timeout_s=timeout, name=name, jobs=jobs,
-                         on_candidate=tick)
+        rep = synthesize(
+            from_dir,
+            out,
+            max_tasks=max_tasks,
+            seed=seed,
+            timeout_s=timeout,
+            name=name,
+            jobs=jobs,
+            on_candidate=tick,
+        )
     write_report(rep, out)
     dropped = ", ".join(f"{r} {n}" for r, n in rep.dropped.items() if n) or "none"
-    typer.echo(f"{rep.project}: {rep.kept} tasks from {rep.evaluated} candidates evaluated "
-               f"(yield {rep.yield_:.2f}; {rep.candidates} proposed); dropped: {dropped}; wrote {out}")
+    typer.echo(
+        f"{rep.project}: {rep.kept} tasks from {rep.evaluated} candidates evaluated "
+        f"(yield {rep.yield_:.2f}; {rep.candidates} proposed); dropped: {dropped}; wrote {out}"
+    )
 
 
 @app.command("curate")
 def curate(
     suite: str = SUITE,
-    model: str = typer.Option(..., "--model", help="scripted, scripted-noisy, hf:PATH, smollm2-135m or openai:NAME."),
-    out: Path = typer.Option(..., "--out", help="Directory for report.json, pass_rates.png, trajectories and tasks/."),
+    model: str = typer.Option(
+        ..., "--model", help="scripted, scripted-noisy, hf:PATH, smollm2-135m or openai:NAME."
+    ),
+    out: Path = typer.Option(
+        ..., "--out", help="Directory for report.json, pass_rates.png, trajectories and tasks/."
+    ),
     k: int = typer.Option(8, "--k", min=1, help="Attempts per task."),
-    p_max: float = typer.Option(0.75, "--p-max", min=0.0, max=1.0, help="Keep tasks with 0 < pass rate <= P."),
+    p_max: float = typer.Option(
+        0.75, "--p-max", min=0.0, max=1.0, help="Keep tasks with 0 < pass rate <= P."
+    ),
     effort: str = typer.Option("medium", "--effort", help="Effort level: medium, high or max."),
     split: str = SPLIT,
     limit: int = typer.Option(0, "--limit", min=0, help="Only the first N tasks (0: all)."),
@@ -162,8 +209,19 @@ def curate(
             wins.append(record["success"])
             advance(success=sum(wins) / len(wins))
 
-        rep = run_curate(tasks, policy, out, k=k, p_max=p_max, effort=effort, seed=seed, concurrency=concurrency,
-                         on_record=tick)
+        rep = run_curate(
+            tasks,
+            policy,
+            out,
+            k=k,
+            p_max=p_max,
+            effort=effort,
+            seed=seed,
+            concurrency=concurrency,
+            on_record=tick,
+        )
     h = rep["histogram_before"]
-    typer.echo(f"kept {rep['kept']} of {rep['tasks']} tasks (0 < p <= {p_max}); never solved {h['never_solved']}, "
-               f"always solved {h['always_solved']}; wrote {out / 'report.json'} and {out / 'tasks'}")
+    typer.echo(
+        f"kept {rep['kept']} of {rep['tasks']} tasks (0 < p <= {p_max}); never solved {h['never_solved']}, "
+        f"always solved {h['always_solved']}; wrote {out / 'report.json'} and {out / 'tasks'}"
+    )

@@ -101,7 +101,9 @@ def report(rates: Rates, kept: Sequence[str], **settings: Any) -> dict[str, Any]
         "kept_ids": list(kept),
         "histogram_before": histogram(rates),
         "histogram_after": histogram(after),
-        "rates": {t: {"successes": s, "attempts": n, "p": rate((s, n))} for t, (s, n) in sorted(rates.items())},
+        "rates": {
+            t: {"successes": s, "attempts": n, "p": rate((s, n))} for t, (s, n) in sorted(rates.items())
+        },
     }
 
 
@@ -117,8 +119,12 @@ def plot(rep: Mapping[str, Any], path: Path) -> Path:
     mids = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:], strict=True)]
     width = (edges[1] - edges[0]) * 0.4
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar([m - width / 2 for m in mids], rep["histogram_before"]["counts"], width, label=f"all ({rep['tasks']})")
-    ax.bar([m + width / 2 for m in mids], rep["histogram_after"]["counts"], width, label=f"kept ({rep['kept']})")
+    ax.bar(
+        [m - width / 2 for m in mids], rep["histogram_before"]["counts"], width, label=f"all ({rep['tasks']})"
+    )
+    ax.bar(
+        [m + width / 2 for m in mids], rep["histogram_after"]["counts"], width, label=f"kept ({rep['kept']})"
+    )
     ax.set_xlabel(f"pass rate over k={rep.get('k', '?')} attempts")
     ax.set_ylabel("tasks")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))

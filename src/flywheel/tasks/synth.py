@@ -51,8 +51,23 @@ from flywheel.tasks.patch import make_patch
 
 T = TypeVar("T")
 DROP_REASONS = ("timeout", "collection", "crash", "no_failure", "all_failed")
-_SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".tox", ".nox", ".eggs", "build", "dist", "docs", "doc",
-              ".venv", "venv", "node_modules", ".mypy_cache", ".ruff_cache"}
+_SKIP_DIRS = {
+    ".git",
+    "__pycache__",
+    ".pytest_cache",
+    ".tox",
+    ".nox",
+    ".eggs",
+    "build",
+    "dist",
+    "docs",
+    "doc",
+    ".venv",
+    "venv",
+    "node_modules",
+    ".mypy_cache",
+    ".ruff_cache",
+}
 _SKIP_FILES = {"setup.py", "conftest.py", "versioneer.py", "_version.py", "noxfile.py", "fabfile.py"}
 _ID_SAFE = re.compile(r"[^A-Za-z0-9_.\-]+")
 
@@ -74,7 +89,8 @@ def is_test_file(rel: str) -> bool:
 def source_files(files: Mapping[str, str]) -> list[str]:
     """The project's Python modules that bugs may be planted in (no tests, no build or version scripts)."""
     return sorted(
-        rel for rel in files
+        rel
+        for rel in files
         if rel.endswith(".py") and not is_test_file(rel) and PurePosixPath(rel).name not in _SKIP_FILES
     )
 
@@ -127,7 +143,9 @@ class SuiteRun:
     messages: dict[str, str] = field(default_factory=dict)  # node id -> the exception message of a failure
 
 
-def classify(passing: set[str], run: SuiteRun, baseline_collect_errors: Iterable[str] = ()) -> tuple[str, list[str], list[str]]:
+def classify(
+    passing: set[str], run: SuiteRun, baseline_collect_errors: Iterable[str] = ()
+) -> tuple[str, list[str], list[str]]:
     """(verdict, fail_to_pass, still_passing) of a candidate run against the baseline's passing tests.
 
     The verdict is "kept" or one of `DROP_REASONS`.
@@ -161,11 +179,13 @@ def bug_report(
     """The task's instruction: which tests fail and how, without saying where the bug is or how to fix it."""
     banned = [f.strip() for f in forbidden if len(f.strip()) >= 6]
     shown = list(fail_to_pass[:3])
-    opening = rng.choice((
-        f"Some behaviour of `{project}` regressed: {len(fail_to_pass)} test(s) that used to pass now fail.",
-        f"Bug report for `{project}`: {len(fail_to_pass)} test(s) started failing.",
-        f"After a recent change, `{project}` fails {len(fail_to_pass)} of its tests.",
-    ))
+    opening = rng.choice(
+        (
+            f"Some behaviour of `{project}` regressed: {len(fail_to_pass)} test(s) that used to pass now fail.",
+            f"Bug report for `{project}`: {len(fail_to_pass)} test(s) started failing.",
+            f"After a recent change, `{project}` fails {len(fail_to_pass)} of its tests.",
+        )
+    )
     parts = [opening]
     for test in shown:
         lines = [ln.strip() for ln in messages.get(test, "").splitlines()]
@@ -174,11 +194,15 @@ def bug_report(
         parts.append(f"- `{test}`" + (f" fails with: {detail}" if detail else " fails."))
     if len(fail_to_pass) > len(shown):
         parts.append(f"- and {len(fail_to_pass) - len(shown)} more in the same test files.")
-    parts.append(rng.choice((
-        "Please find the cause in the library code and fix it; the tests are correct.",
-        "Fix the code so these tests pass again, without changing the tests.",
-        "The tests describe the intended behaviour; fix the implementation.",
-    )))
+    parts.append(
+        rng.choice(
+            (
+                "Please find the cause in the library code and fix it; the tests are correct.",
+                "Fix the code so these tests pass again, without changing the tests.",
+                "The tests describe the intended behaviour; fix the implementation.",
+            )
+        )
+    )
     return "\n".join(parts)
 
 
@@ -243,10 +267,21 @@ def run_suite(workspace: Path, paths: Sequence[str], *, sandbox: Sandbox, timeou
         report_dir.mkdir()
         (driver_dir / "driver.py").write_text(_DRIVER)
         (driver_dir / "pytest.ini").write_text(PYTEST_INI)
-        argv = [_python(), "-I", "/synth/driver.py", "-c", "/synth/pytest.ini", "--rootdir", "/workspace",
-                "--tb=no", "--continue-on-collection-errors", *paths]
+        argv = [
+            _python(),
+            "-I",
+            "/synth/driver.py",
+            "-c",
+            "/synth/pytest.ini",
+            "--rootdir",
+            "/workspace",
+            "--tb=no",
+            "--continue-on-collection-errors",
+            *paths,
+        ]
         result = sandbox.run(
-            workspace, argv,
+            workspace,
+            argv,
             limits=Limits(timeout_s=timeout_s),
             env={"SYNTH_REPORT_DIR": "/report"},
             extra_ro={driver_dir: Path("/synth")},
@@ -256,8 +291,9 @@ def run_suite(workspace: Path, paths: Sequence[str], *, sandbox: Sandbox, timeou
     outcomes = data.get("outcomes", {})
     collect = sorted(k.removeprefix("<collect>") for k in outcomes if k.startswith("<collect>"))
     tests = {k: v for k, v in outcomes.items() if not k.startswith("<collect>")}
-    return SuiteRun(tests, collect, result.timed_out, error, result.output, result.wall_s,
-                    dict(data.get("messages", {})))
+    return SuiteRun(
+        tests, collect, result.timed_out, error, result.output, result.wall_s, dict(data.get("messages", {}))
+    )
 
 
 def _read_driver_report(path: Path, exit_code: int) -> tuple[dict, str | None]:
@@ -345,8 +381,9 @@ def synthesize(
         test_paths = sorted({t.split("::", 1)[0] for t in passing})
         found = {path: _mutants_of(files[path]) for path in modules}
         order = candidate_order(found, seed)
-        report = SynthReport(project, str(src), total, len(passing), len(order), 0, 0, baseline_s=baseline,
-                             timeout_s=limit)
+        report = SynthReport(
+            project, str(src), total, len(passing), len(order), 0, 0, baseline_s=baseline, timeout_s=limit
+        )
         drops: Counter[str] = Counter()
 
         def evaluate(item: tuple[str, Mutant], i: int) -> SuiteRun:
@@ -366,8 +403,9 @@ def synthesize(
             report.evaluated += 1
             if verdict == "kept":
                 task_id = f"{project}-{report.kept:04d}"
-                _write_synth_task(out / task_id, task_id, project, files, path, mutant, f2p, still, run,
-                                  baseline, seed)
+                _write_synth_task(
+                    out / task_id, task_id, project, files, path, mutant, f2p, still, run, baseline, seed
+                )
                 report.kept += 1
                 report.tasks.append(task_id)
                 report.kinds[mutant.kind] = report.kinds.get(mutant.kind, 0) + 1
@@ -380,7 +418,9 @@ def synthesize(
     return report
 
 
-def _in_order(items: Sequence[T], fn: Callable[[T, int], SuiteRun], jobs: int) -> Iterator[tuple[T, SuiteRun]]:
+def _in_order(
+    items: Sequence[T], fn: Callable[[T, int], SuiteRun], jobs: int
+) -> Iterator[tuple[T, SuiteRun]]:
     """(item, fn(item, index)) in the items' order, `jobs` evaluated at a time; lazy, so a consumer that
     stops early leaves the rest unevaluated."""
     with ThreadPoolExecutor(jobs) as pool:
@@ -403,8 +443,12 @@ def _baseline(pristine: Path, sandbox: Sandbox, src: Path) -> tuple[int, set[str
     for run in runs:
         if run.timed_out or run.error is not None:
             tail = run.output.strip().splitlines()[-1:] or [""]
-            raise FlywheelError(f"{src}: the project's test suite did not run ({run.error or 'timed out'}): {tail[0][:120]}")
-    passing = {t for t, o in runs[0].outcomes.items() if o == "passed" and runs[1].outcomes.get(t) == "passed"}
+            raise FlywheelError(
+                f"{src}: the project's test suite did not run ({run.error or 'timed out'}): {tail[0][:120]}"
+            )
+    passing = {
+        t for t, o in runs[0].outcomes.items() if o == "passed" and runs[1].outcomes.get(t) == "passed"
+    }
     if not passing:
         raise FlywheelError(f"{src}: no test of the project's suite passes, nothing to break")
     return len(runs[0].outcomes), passing, runs[0].collect_errors, max(r.wall_s for r in runs)
@@ -435,9 +479,18 @@ def _write_synth_task(
             test_command="python -m pytest -q " + " ".join(hidden),
             fail_to_pass=f2p,
             pass_to_pass=p2p,
-            timeout_s=round(max(120.0, 30 * baseline_s), 1),  # the grader's signed runner is several times slower
-            meta={"suite": "synth", "split": "train", "project": project, "module": path,
-                  "function": mutant.function, "mutation": mutant.kind, "line": mutant.line},
+            timeout_s=round(
+                max(120.0, 30 * baseline_s), 1
+            ),  # the grader's signed runner is several times slower
+            meta={
+                "suite": "synth",
+                "split": "train",
+                "project": project,
+                "module": path,
+                "function": mutant.function,
+                "mutation": mutant.kind,
+                "line": mutant.line,
+            },
         ),
         repo={**files, path: mutant.source},
         hidden_tests={rel: files[rel] for rel in hidden},
@@ -451,4 +504,3 @@ def write_report(report: SynthReport, out: Path) -> Path:
     dest = out / "synth.json"
     dest.write_text(json.dumps(report.to_json(), indent=1) + "\n")
     return dest
-

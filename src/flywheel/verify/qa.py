@@ -85,8 +85,11 @@ class TaskQA:
         return sum(w.passed for w in self.wrong_patches) / n if n else 0.0
 
     def to_json(self) -> dict:
-        return {**asdict(self), "false_negative_rate": self.false_negative_rate,
-                "false_positive_rate": self.false_positive_rate}
+        return {
+            **asdict(self),
+            "false_negative_rate": self.false_negative_rate,
+            "false_positive_rate": self.false_positive_rate,
+        }
 
 
 # ------------------------------------------------------------------------------- wrong patches (pure)
@@ -115,7 +118,11 @@ def delete_body(source: str, qualname: str) -> str | None:
 
 
 def _is_docstring(stmt: ast.stmt) -> bool:
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    )
 
 
 def wrong_sources(before: str, after: str, n_mutants: int, seed: int) -> list[tuple[str, str]]:
@@ -146,7 +153,9 @@ def wrong_sources(before: str, after: str, n_mutants: int, seed: int) -> list[tu
 def wrong_patches(task: Task, n_mutants: int = 3, seed: int = 0) -> list[tuple[str, str]]:
     """(name, patch against the task's repository) for each wrong patch of `wrong_sources`."""
     parsed = parse_patch(task.solution_patch)
-    paths = sorted({fp.old_path for fp in parsed if fp.old_path and fp.new_path and fp.old_path.endswith(".py")})
+    paths = sorted(
+        {fp.old_path for fp in parsed if fp.old_path and fp.new_path and fp.old_path.endswith(".py")}
+    )
     before = {p: (task.repo / p).read_text() for p in paths if (task.repo / p).is_file()}
     after = apply_patch(before, task.solution_patch) if len(before) == len(paths) else {}
     out: list[tuple[str, str]] = []
@@ -215,7 +224,11 @@ def validate_task(
         limits = wrong_patch_limits(task, wall or task.timeout_s)
         for name, patch in wrong_patches(task, n_mutants, seed):
             v = grade_patch(task, patch, sandbox, limits)
-            error = f"tests timed out after {limits.timeout_s:g} s" if v.error and "timed out" in v.error else v.error
+            error = (
+                f"tests timed out after {limits.timeout_s:g} s"
+                if v.error and "timed out" in v.error
+                else v.error
+            )
             qa.wrong_patches.append(WrongPatch(name, v.success, error))
     judge(qa, strict)
     return qa
