@@ -43,6 +43,11 @@ def _register() -> None:
     from flywheel.cli import serve
 
     app.command("serve")(serve.serve)
+    from flywheel.cli import train
+
+    app.command("sft")(train.sft)
+    app.command("calibrate")(train.calibrate)
+    app.command("train")(train.train)
 
 
 def fail(message: str) -> None:

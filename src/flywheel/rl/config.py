@@ -1,0 +1,160 @@
+"""Run configuration: one TOML file per run, one dataclass per section, checked field by field.
+
+`load_config(path, RunConfig)` reads a TOML file into nested dataclasses. Every key must be a known field
+of its section and every value must have the field's type (an int is accepted where a float is asked);
+anything else is refused with one line naming the file, the section and the key, so the CLI can exit 2
+before any work starts. Unset fields keep the defaults written next to them below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flywheel.errors import FlywheelError
+
+# ------------------------------------------------------------------------------------------- sections
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # `hf:DIR`, `smollm2-135m`, or a directory made by `flywheel sft`
+    max_context: int = 2048  # prompt + generation, in tokens
+
+
+@dataclass
+class TasksConfig:
+    suite: str = "toybugs"  # a built-in suite or a directory of task directories
+    split: str = "train"
+    limit: int = 0  # use the first N tasks of the split (0: all)
+    eval_split: str = "heldout"
+
+
+@dataclass
+class RolloutConfig:
+    efforts: list[str] = field(default_factory=lambda: ["medium", "high", "max"])
+    tasks_per_step: int = 4  # tasks sampled per step; each is rolled out at every effort level
+    group_size: int = 4  # G attempts per (task, effort)
+    temperature: float = 1.0
+    top_p: float = 0.95
+    concurrency: int = 24  # episodes stepped together (one batched generate call per step)
+    observation_chars: int = 1500  # longest tool output kept in the conversation
+    max_turns: dict[str, int] = field(default_factory=dict)  # per-effort override of the turn budget
+    max_tokens: dict[str, int] = field(default_factory=dict)  # per-effort override of the token budget
+
+
+@dataclass
+class RewardConfig:
+    lambdas: dict[str, float] = field(default_factory=dict)  # λ_e per effort (missing: 0, or calibration)
+    calibration: str = ""  # a calibration.json written by `flywheel calibrate`; its λ fill the gaps
+    cost_scale: float = 1.0  # C is measured in dollars × cost_scale (calibration uses the same unit)
+
+
+@dataclass
+class ObjectiveConfig:
+    baseline: str = "length_weighted"  # or "mean" (the ablation)
+    replay: bool = True  # renormalise over the sampler's top-p kept set (False: full softmax)
+    clip_c: float = 2.0  # truncation of the importance weight
+    token_budget: int = 0  # the constant N of the loss normalisation (0: rollouts per step × 256)
+
+
+@dataclass
+class OptimConfig:
+    kind: str = "muon"  # "muon" (Muon for hidden matrices + AdamW) or "adamw"
+    lr: float = 3e-4
+    muon_lr: float = 0.0  # 0: same as lr
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    updates_per_step: int = 1
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 20
+    checkpoint_every: int = 1
+    trajectories: str = "lite"  # RUN_DIR/trajectories.jsonl: "lite" (no kept sets), "full" or "none"
+    threads: int = 0  # torch intra-op threads (0: leave torch's default)
+
+
+@dataclass
+class RunConfig:
+    """`flywheel train CONFIG`: everything a run needs."""
+
+    seed: int = 0
+    deterministic: bool = False  # byte-identical metrics and checkpoints for the same config and seed
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tasks: TasksConfig = field(default_factory=TasksConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+# -------------------------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path, cls: type = RunConfig) -> Any:
+    """`cls` filled from the TOML file at `path`; FlywheelError names the first bad key."""
+    path = Path(path)
+    if not path.is_file():
+        raise FlywheelError(f"{path}: config file not found")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise FlywheelError(f"{path}: not valid TOML: {e}") from None
+    return from_dict(cls, data, f"{path}")
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
+    """Build dataclass `cls` from `data`, refusing unknown keys and wrongly typed values."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise FlywheelError(f"{where}: unknown key '{key}' (known: {', '.join(fields)})")
+        values[key] = _coerce(hints[key], value, f"{where}: [{key}]" if dataclasses.is_dataclass(hints[key]) else f"{where}: '{key}'")
+    return cls(**values)
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise FlywheelError(f"{where}: expected a table, got {type(value).__name__}")
+        return from_dict(hint, value, where)
+    origin = typing.get_origin(hint)
+    if origin in (list, dict):
+        return _coerce_container(origin, typing.get_args(hint), value, where)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return _coerce(option, value, where)
+            except FlywheelError:
+                continue
+        raise FlywheelError(f"{where}: unexpected value {value!r}")
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is type(None) and value is None:
+        return None
+    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+        raise FlywheelError(f"{where}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _coerce_container(origin: type, args: tuple[Any, ...], value: Any, where: str) -> Any:
+    if not isinstance(value, origin):
+        raise FlywheelError(f"{where}: expected a {'list' if origin is list else 'table'}, got {value!r}")
+    if origin is list:
+        return [_coerce(args[0], v, where) for v in value]
+    return {str(k): _coerce(args[1], v, f"{where}.{k}") for k, v in value.items()}
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """The config as plain data (for run directories and checkpoints)."""
+    return dataclasses.asdict(config)

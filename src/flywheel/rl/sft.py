@@ -1,0 +1,238 @@
+"""`flywheel sft`: the embedded base policy, a tiny transformer that imitates the noisy oracle.
+
+1. Collect: run `scripted-noisy` through the real harness on the suite's train split, cycling the effort
+   levels so the model sees every marker. The oracle's detours and mistakes make the data uneven in
+   length and cost, like a real model's. Attempts are not graded (the oracle is right by construction).
+2. Tokenizer: a byte-level BPE trained on the collected conversations (`flywheel.models.tiny`).
+3. Model: a small Llama initialised from the seed, trained with next-token loss on the assistant's tokens
+   only (the action text and the `<|im_end|>` after it); the rest of the conversation is context.
+
+The conversation is rendered exactly as the engine will render it at rollout time (the model's ChatML
+template, observations clipped to the same length), so imitation and rollouts see the same text. The
+result is an HF-format directory (`hf:DIR` for every command), written atomically, with
+`sft_metrics.jsonl` (loss per step) and `sft_config.json` beside the weights. It is a weak policy on
+purpose: it learns the shape of an attempt (run tests, view the file, edit, test, submit) and only
+sometimes the right edit, which is where RL has room to work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flywheel.errors import FlywheelError
+from flywheel.progress import progress
+from flywheel.protocols import Verdict
+
+
+@dataclass
+class SftDataConfig:
+    suite: str = "toybugs"
+    split: str = "train"
+    episodes: int = 0  # attempts to imitate (0: one per task of the split)
+    teacher: str = "scripted-noisy"
+    efforts: list[str] = field(default_factory=lambda: ["medium", "high", "max"])
+    observation_chars: int = 1500  # must match the runs that use the model (RolloutConfig)
+    concurrency: int = 16
+
+
+@dataclass
+class SftModelConfig:
+    vocab_size: int = 1024
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    max_positions: int = 2048
+
+
+@dataclass
+class SftTrainConfig:
+    epochs: float = 3.0
+    lr: float = 3e-3
+    batch_size: int = 8
+    max_len: int = 2048  # longer conversations are cut at the end
+    warmup_steps: int = 20
+    threads: int = 0
+
+
+@dataclass
+class SftConfig:
+    """`flywheel sft CONFIG`: imitation data, model shape and training."""
+
+    seed: int = 0
+    data: SftDataConfig = field(default_factory=SftDataConfig)
+    model: SftModelConfig = field(default_factory=SftModelConfig)
+    train: SftTrainConfig = field(default_factory=SftTrainConfig)
+
+
+# ------------------------------------------------------------------------------------------ the data
+
+
+def collect(cfg: SftConfig) -> list[dict[str, Any]]:
+    """Teacher trajectories on the train split (not graded)."""
+    from flywheel.harness import HarnessConfig
+    from flywheel.models import get_model
+    from flywheel.rl.rollout import efforts_for, make_specs, rollout
+    from flywheel.tasks import load_suite
+
+    tasks = load_suite(cfg.data.suite, split=cfg.data.split)
+    n = cfg.data.episodes or len(tasks)
+    rng = random.Random(cfg.seed)
+    order = [tasks[i % len(tasks)] for i in range(n)]
+    rng.shuffle(order)
+    efforts = efforts_for(cfg.data.efforts)
+    specs = []
+    for i, task in enumerate(order):
+        specs += make_specs([task], [efforts[i % len(efforts)]], 1, seed=cfg.seed + i // len(tasks))
+    teacher = get_model(cfg.data.teacher, seed=cfg.seed)
+    hcfg = HarnessConfig(action_format="tagged", observation_chars=cfg.data.observation_chars)
+
+    def not_graded(task, workspace, trajectory):
+        return Verdict(task.id, success=False, reward=0.0, error="not graded (imitation data)")
+
+    with progress("collecting imitation data", len(specs)) as advance:
+        return rollout(teacher, specs, hcfg, concurrency=cfg.data.concurrency, grader=not_graded,
+                       on_record=lambda r: advance())
+
+
+def messages_of(record: dict[str, Any]) -> list[dict[str, str]]:
+    """The conversation the model saw in a tagged-format trajectory (observations come back as user turns)."""
+    out = []
+    for t in record["turns"]:
+        if t["role"] in ("system", "user", "assistant"):
+            out.append({"role": t["role"], "content": t["text"]})
+        elif t["role"] == "tool" and t.get("name") != "compaction":
+            out.append({"role": "user", "content": t["text"]})
+    return out
+
+
+def render_with_spans(messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+    """ChatML text of `messages` (the tiny model's template) and the character spans to learn.
+
+    A span covers an assistant message's content and the `<|im_end|>` that closes it.
+    """
+    from flywheel.models.tiny import IM_END, IM_START
+
+    text, spans = "", []
+    for m in messages:
+        text += f"{IM_START}{m['role']}\n"
+        start = len(text)
+        text += f"{m['content']}{IM_END}"
+        if m["role"] == "assistant":
+            spans.append((start, len(text)))
+        text += "\n"
+    return text, spans
+
+
+def encode(tokenizer, messages: list[dict[str, str]], max_len: int) -> tuple[list[int], list[bool]]:
+    """Token ids of the conversation and, per token, whether it is a target (inside an assistant span)."""
+    text, spans = render_with_spans(messages)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    target = [any(a <= s < b for a, b in spans) for s, _ in offsets]
+    return ids[:max_len], target[:max_len]
+
+
+# ------------------------------------------------------------------------------------------ training
+
+
+def batches(examples: list[tuple[list[int], list[bool]]], batch_size: int, rng: random.Random):
+    """Examples grouped by length (little padding), batches in random order."""
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
+    groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(groups)
+    return groups
+
+
+def collate(examples: list[tuple[list[int], list[bool]]], pad_id: int):
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for j, (seq, target) in enumerate(examples):
+        t = torch.tensor(seq)
+        ids[j, : len(seq)] = t
+        mask[j, : len(seq)] = 1
+        labels[j, : len(seq)] = torch.where(torch.tensor(target), t, torch.full_like(t, -100))
+    return ids, mask, labels
+
+
+def lr_at(step: int, total: int, warmup: int, lr: float) -> float:
+    """Linear warmup, then cosine decay to 10% of `lr`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    frac = (step - warmup) / max(1, total - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def train_model(model, tokenizer, examples, cfg: SftConfig, log) -> None:
+    rng = random.Random(cfg.seed)
+    per_epoch = math.ceil(len(examples) / cfg.train.batch_size)
+    total = max(1, int(per_epoch * cfg.train.epochs))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    model.train()
+    step = 0
+    with progress("sft", total) as advance:
+        while step < total:
+            for group in batches(examples, cfg.train.batch_size, rng):
+                if step >= total:
+                    break
+                ids, mask, labels = collate([examples[i] for i in group], tokenizer.pad_token_id)
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(step, total, cfg.train.warmup_steps, cfg.train.lr)
+                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                step += 1
+                log({"step": step, "loss": round(float(loss), 5), "grad_norm": round(float(norm), 4)})
+                advance(loss=float(loss))
+    model.eval()
+
+
+def run_sft(cfg: SftConfig, out: Path) -> Path:
+    """Collect, build, train and save the base policy into `out` (which must not exist or be empty)."""
+    from flywheel.models.tiny import build_tiny_model
+    from flywheel.models.torch_engine import load_torch_model
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FlywheelError(f"{out}: exists and is not empty; choose another --out")
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    t0 = time.perf_counter()
+    records = collect(cfg)
+    conversations = [messages_of(r) for r in records]
+    texts = [f"{m['role']}\n{m['content']}" for conv in conversations for m in conv]
+    work = out.parent / f".{out.name}.building"
+    shutil.rmtree(work, ignore_errors=True)
+    m = cfg.model
+    build_tiny_model(work, texts, vocab_size=m.vocab_size, hidden=m.hidden, layers=m.layers, heads=m.heads,
+                     max_positions=m.max_positions, seed=cfg.seed)
+    engine = load_torch_model(f"hf:{work}")
+    model, tokenizer = engine.model, engine.tokenizer
+    examples = [encode(tokenizer, conv, cfg.train.max_len) for conv in conversations]
+    lines: list[str] = []
+    torch.manual_seed(cfg.seed)
+    train_model(model, tokenizer, examples, cfg, lambda row: lines.append(json.dumps(row)))
+    model.save_pretrained(work)
+    (work / "sft_metrics.jsonl").write_text("\n".join(lines) + "\n")
+    from flywheel.rl.config import to_dict
+
+    n_tokens = sum(len(ids) for ids, _ in examples)
+    info = {"config": to_dict(cfg), "episodes": len(records), "tokens": n_tokens,
+            "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.perf_counter() - t0, 1)}
+    (work / "sft_config.json").write_text(json.dumps(info, indent=1) + "\n")
+    if out.exists():
+        out.rmdir()
+    work.rename(out)
+    return out

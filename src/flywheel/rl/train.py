@@ -1,0 +1,222 @@
+"""`flywheel train`: the flywheel on one machine.
+
+Each step: sample `tasks_per_step` tasks → roll out `group_size` attempts per task at every effort level
+with the torch engine through the harness → grade → rewards → advantages → update (`Trainer.step`) → the
+engine, which shares the trainer's parameters, generates the next step from the new weights.
+
+The run directory:
+
+    config.json          the resolved config, λ included
+    metrics.jsonl        one line per step (reward, success, cost, turns, tokens, loss, entropy, importance
+                         weights, KL, grad norm; also per effort level as `medium/success`, ...)
+    timings.jsonl        seconds per phase of each step (kept apart so metrics can be byte-identical)
+    trajectories.jsonl   every rollout with its step, reward and advantage ("lite": without kept sets)
+    checkpoints/step-N/  weights, tokenizer, optimizer (the latest `keep` are kept)
+
+Determinism (`deterministic = true`): task sampling and every sampling seed derive from (seed, step); the
+rollout records are ordered by episode id; the reward prices modelled seconds instead of measured ones
+(`flywheel.rl.rollout`); torch runs deterministic algorithms. Two runs of one config then write the same
+metrics.jsonl and checkpoint files, byte for byte, on the same machine and thread count.
+
+Resume: a run directory with checkpoints continues from the latest complete one; metrics and trajectories
+written after it are cut back first, so the continuation is the same as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flywheel.errors import FlywheelError
+from flywheel.rl.config import RunConfig, to_dict
+from flywheel.seeding import stable_seed
+
+KEEP_CHECKPOINTS = 2
+
+
+def model_spec(path: str) -> str:
+    """`hf:DIR` for a plain directory; other specs unchanged."""
+    if not path:
+        raise FlywheelError("[model] path is missing: give hf:DIR, smollm2-135m or a directory from `flywheel sft`")
+    if path.startswith("hf:") or path == "smollm2-135m":
+        return path
+    if not Path(path).is_dir():
+        raise FlywheelError(f"[model] path '{path}': no such model directory")
+    return f"hf:{path}"
+
+
+def resolve_lambdas(cfg: RunConfig) -> dict[str, float]:
+    """λ per effort: explicit values, else the calibration file's, else 0."""
+    from_file: dict[str, float] = {}
+    if cfg.reward.calibration:
+        path = Path(cfg.reward.calibration)
+        if not path.is_file():
+            raise FlywheelError(f"[reward] calibration '{path}': file not found (run `flywheel calibrate`)")
+        from_file = json.loads(path.read_text()).get("lambdas", {})
+    return {e: float(cfg.reward.lambdas.get(e, from_file.get(e, 0.0))) for e in cfg.rollout.efforts}
+
+
+def check(cfg: RunConfig) -> None:
+    """Refuse settings that cannot run, naming the key."""
+    from flywheel.harness.effort import EFFORTS
+
+    for e in cfg.rollout.efforts:
+        if e not in EFFORTS:
+            raise FlywheelError(f"[rollout] efforts: unknown effort '{e}' (choose from {', '.join(EFFORTS)})")
+    if not cfg.rollout.temperature > 0:
+        raise FlywheelError("[rollout] temperature must be > 0 (the replayed distribution needs one)")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise FlywheelError("[rollout] top_p must be in (0, 1]")
+    if cfg.objective.baseline not in ("length_weighted", "mean"):
+        raise FlywheelError("[objective] baseline must be 'length_weighted' or 'mean'")
+    if cfg.optim.kind not in ("muon", "adamw"):
+        raise FlywheelError("[optim] kind must be 'muon' or 'adamw'")
+    for key in ("tasks_per_step", "group_size", "concurrency"):
+        if getattr(cfg.rollout, key) < 1:
+            raise FlywheelError(f"[rollout] {key} must be >= 1")
+    if cfg.train.steps < 0 or cfg.train.checkpoint_every < 1:
+        raise FlywheelError("[train] steps must be >= 0 and checkpoint_every >= 1")
+    if cfg.train.trajectories not in ("lite", "full", "none"):
+        raise FlywheelError("[train] trajectories must be 'lite', 'full' or 'none'")
+
+
+def setup_torch(cfg: RunConfig) -> None:
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    torch.manual_seed(cfg.seed)
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+
+
+def load_tasks(cfg: RunConfig, split: str | None = None, limit: int | None = None):
+    from flywheel.tasks import load_suite
+
+    tasks = load_suite(cfg.tasks.suite, split=split or cfg.tasks.split)
+    n = cfg.tasks.limit if limit is None else limit
+    return tasks[:n] if n else tasks
+
+
+def batch_for(tasks: list, cfg: RunConfig, step: int) -> list:
+    """The step's tasks: a seeded sample, the same in every run and on resume."""
+    rng = random.Random(stable_seed(cfg.seed, "tasks", step))
+    return rng.sample(tasks, min(cfg.rollout.tasks_per_step, len(tasks)))
+
+
+def harness_config(cfg: RunConfig, version: int):
+    from flywheel.harness import HarnessConfig
+
+    r = cfg.rollout
+    return HarnessConfig(action_format="tagged", temperature=r.temperature, top_p=r.top_p,
+                         observation_chars=r.observation_chars, policy_version=version)
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+class Run:
+    """A training run directory: config, metrics, trajectories, checkpoints."""
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+        self.ckpt_dir = self.out / "checkpoints"
+
+    def latest_checkpoint(self) -> tuple[int, Path] | None:
+        done = [(int(p.name.split("-")[1]), p) for p in self.ckpt_dir.glob("step-*")
+                if (p / "trainer.json").is_file()]
+        return max(done) if done else None
+
+    def cut_back(self, step: int) -> None:
+        """Drop metrics and trajectories of steps after `step` (written after the last checkpoint)."""
+        for name in ("metrics.jsonl", "trajectories.jsonl", "timings.jsonl"):
+            path = self.out / name
+            if not path.exists():
+                continue
+            keep = []
+            for line in path.read_text().splitlines():
+                try:
+                    if json.loads(line)["step"] <= step:
+                        keep.append(line)
+                except (json.JSONDecodeError, KeyError):
+                    break  # a torn last line
+            path.write_text("".join(f"{ln}\n" for ln in keep))
+
+    def append(self, name: str, rows: list[dict[str, Any]]) -> None:
+        with (self.out / name).open("a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+
+    def checkpoint(self, trainer, step: int) -> None:
+        trainer.save(self.ckpt_dir / f"step-{step:06d}")
+        done = sorted(self.ckpt_dir.glob("step-*"))
+        for old in done[:-KEEP_CHECKPOINTS]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def lite(record: dict[str, Any]) -> dict[str, Any]:
+    """A record without the per-token replay data (kept sets, prompt ids): for logs, not for training."""
+    turns = [{k: v for k, v in t.items() if k not in ("kept", "prompt_ids", "logprobs")} for t in record["turns"]]
+    return {**record, "turns": turns}
+
+
+def rounded(metrics: dict[str, float], step: int, version: int) -> dict[str, Any]:
+    return {"step": step, "policy_version": version, **{k: round(float(v), 6) for k, v in sorted(metrics.items())}}
+
+
+def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
+    """Run (or resume) training into `out`; returns the metrics of the steps run now."""
+    from flywheel.models.torch_engine import load_torch_model
+    from flywheel.progress import progress
+    from flywheel.rl.rollout import efforts_for, make_specs, rollout
+    from flywheel.rl.trainer import Trainer, score
+
+    check(cfg)
+    spec = model_spec(cfg.model.path)
+    lambdas = resolve_lambdas(cfg)
+    tasks = load_tasks(cfg)
+    if not tasks:
+        raise FlywheelError(f"[tasks] suite '{cfg.tasks.suite}' split '{cfg.tasks.split}' has no tasks")
+    setup_torch(cfg)
+    run = Run(out)
+    run.out.mkdir(parents=True, exist_ok=True)
+    engine = load_torch_model(spec, max_context=cfg.model.max_context, seed=cfg.seed)
+    trainer = Trainer(engine.model, engine.tokenizer, cfg, lambdas)
+    start = 0
+    latest = run.latest_checkpoint()
+    if latest:
+        start, path = latest
+        trainer.load(path)
+    run.cut_back(start)
+    (run.out / "config.json").write_text(json.dumps({**to_dict(cfg), "lambdas": lambdas}, indent=1) + "\n")
+    efforts = efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens)
+    rows = []
+    with progress("train", cfg.train.steps) as advance:
+        advance(start)
+        for step in range(start + 1, cfg.train.steps + 1):
+            t0 = time.perf_counter()
+            specs = make_specs(batch_for(tasks, cfg, step), efforts, cfg.rollout.group_size,
+                               seed=stable_seed(cfg.seed, "rollout", step) % 2**31)
+            records = rollout(engine, specs, harness_config(cfg, trainer.version), concurrency=cfg.rollout.concurrency)
+            t1 = time.perf_counter()
+            metrics = trainer.step(records)
+            t2 = time.perf_counter()
+            row = rounded(metrics, step, trainer.version)
+            run.append("metrics.jsonl", [row])
+            if cfg.train.trajectories != "none":
+                scores = score(records, lambdas, cfg.objective.baseline, cfg.deterministic)
+                keep = (lambda r: r) if cfg.train.trajectories == "full" else lite
+                run.append("trajectories.jsonl", [{**keep(r), "step": step, "rl": s} for r, s in zip(records, scores, strict=True)])
+            if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
+                run.checkpoint(trainer, step)
+            run.append("timings.jsonl", [{"step": step, "rollout_s": round(t1 - t0, 2), "update_s": round(t2 - t1, 2),
+                                          "checkpoint_s": round(time.perf_counter() - t2, 2)}])
+            rows.append(row)
+            advance(1, reward=row["reward"], success=row["success"])
+            if on_step:
+                on_step(row)
+    return rows

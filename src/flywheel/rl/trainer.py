@@ -1,0 +1,188 @@
+"""The trainer: graded trajectory records in, one policy-gradient update out.
+
+`Trainer.step(records)`:
+
+1. reward ``R_i = S_i - λ_e·C_i`` per rollout (`objective.reward`, C from `rollout.reward_cost`);
+2. advantages within each (task, effort) group, against the length-weighted baseline (or the group mean);
+3. for every assistant turn that carries its sampled tokens, one forward pass over the turn's exact prompt
+   and generated ids; the generated tokens' log-probabilities are replayed over the sampler's top-p kept
+   sets (`replay=True`) or over the full vocabulary (`replay=False`, the ablation), both at the sampling
+   temperature;
+4. the truncated-importance-weighted loss of `objective.policy_loss`, summed over all turns and divided by
+   one constant token budget, so every generated token weighs the same in every step (see the objective's
+   docstring for why); gradients accumulate turn by turn, then are clipped and the optimizer steps.
+
+A turn costs one forward pass of its whole prompt: turns are not packed into one sequence because the
+prompt of turn k+1 is a re-rendering of the conversation, not guaranteed to extend turn k's token ids.
+Rollouts whose advantage is exactly zero carry no gradient and are skipped.
+
+The model is shared with the rollout engine, which always generates from the current parameters, so the
+next step's rollouts see this step's update without a copy. `serving_weights()` gives the bf16 weights to
+publish as deltas; `save` / `load` checkpoint the model, the optimizer and the version atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flywheel.rl.config import RunConfig
+from flywheel.rl.objective import advantages_flat, policy_loss, replay_entropy, replay_log_probs, reward
+from flywheel.rl.optim import build_optimizer
+from flywheel.rl.rollout import reward_cost
+
+TURN_TOKENS = 256  # default per-rollout share of the token budget
+
+
+def turns_of(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The assistant turns that carry sampled tokens (in-process models)."""
+    return [t for t in record["turns"] if t["role"] == "assistant" and t.get("token_ids")]
+
+
+def generated_tokens(record: dict[str, Any]) -> int:
+    return sum(len(t["token_ids"]) for t in turns_of(record))
+
+
+def score(records: Sequence[dict[str, Any]], lambdas: dict[str, float], baseline: str,
+          deterministic: bool) -> list[dict[str, float]]:
+    """Per record: cost, λ, reward and advantage (pure; the records are not changed)."""
+    costs = [reward_cost(r, deterministic) for r in records]
+    lams = [float(lambdas.get(r["effort"], 0.0)) for r in records]
+    rewards = [reward(bool(r["success"]), bool((r.get("verdict") or {}).get("cheat")), c, lam)
+               for r, c, lam in zip(records, costs, lams, strict=True)]
+    lengths = [generated_tokens(r) for r in records]
+    keys = [(r["task_id"], r["effort"]) for r in records]
+    adv = advantages_flat(rewards, lengths, keys, baseline)
+    return [{"cost": c, "lambda": lam, "reward": rw, "advantage": a, "tokens": n}
+            for c, lam, rw, a, n in zip(costs, lams, rewards, adv, lengths, strict=True)]
+
+
+class Trainer:
+    """Policy-gradient updates of an HF causal LM from trajectory records; see the module docstring."""
+
+    def __init__(self, model, tokenizer, cfg: RunConfig, lambdas: dict[str, float]):
+        self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
+        self.lambdas = dict(lambdas)
+        o = cfg.optim
+        self.optimizer = build_optimizer(model, o.kind, lr=o.lr, muon_lr=o.muon_lr or None,
+                                         weight_decay=o.weight_decay)
+        self.version = 0
+
+    # -- one update
+
+    def step(self, records: Sequence[dict[str, Any]]) -> dict[str, float]:
+        """One RL step from graded records; increments `version`; returns the step's metrics."""
+        cfg = self.cfg
+        scores = score(records, self.lambdas, cfg.objective.baseline, cfg.deterministic)
+        work = [(t, s["advantage"]) for r, s in zip(records, scores, strict=True) for t in turns_of(r)
+                if s["advantage"] != 0.0]
+        budget = cfg.objective.token_budget or max(1, len(records)) * TURN_TOKENS
+        stats: dict[str, float] = {}
+        for _ in range(max(1, cfg.optim.updates_per_step)):
+            self.optimizer.zero_grad(set_to_none=True)
+            stats = self._accumulate(work, budget)
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip) if params else torch.tensor(0.0)
+            stats["grad_norm"] = float(norm)
+            if params:
+                self.optimizer.step()
+        self.version += 1
+        return {**stats, **outcome_metrics(records, scores)}
+
+    def _accumulate(self, work: list[tuple[dict[str, Any], float]], budget: float) -> dict[str, float]:
+        totals = {"loss": 0.0, "entropy": 0.0, "is_weight_mean": 0.0, "clip_frac": 0.0, "kl_k3": 0.0}
+        ratio_max, n_tokens = 0.0, 0
+        temperature = self.cfg.rollout.temperature
+        for turn, adv in work:
+            prompt, gen = turn["prompt_ids"], turn["token_ids"]
+            ids = torch.tensor([prompt + gen])
+            logits = self.model(input_ids=ids, logits_to_keep=len(gen) + 1).logits[0, :-1].float()
+            tokens = torch.tensor(gen)
+            kept = turn["kept"] if self.cfg.objective.replay else [None] * len(gen)
+            lp = replay_log_probs(logits, kept, tokens, temperature)
+            loss, s = policy_loss(lp, torch.tensor(turn["logprobs"]), torch.full((len(gen),), adv),
+                                  torch.ones(len(gen), dtype=torch.bool), clip_c=self.cfg.objective.clip_c,
+                                  token_budget=budget)
+            loss.backward()
+            with torch.no_grad():
+                from flywheel.rl.objective import kept_mask
+
+                mask = kept_mask(kept, logits.shape[1])
+                ent = replay_entropy(logits.detach(), mask, temperature)
+            n = len(gen)
+            totals["loss"] += float(loss)
+            totals["entropy"] += float(ent.sum())
+            for key in ("is_weight_mean", "clip_frac", "kl_k3"):
+                totals[key] += s[key] * n
+            ratio_max = max(ratio_max, s["is_ratio_max"])
+            n_tokens += n
+        out = {"loss": totals["loss"], "train_tokens": float(n_tokens), "is_ratio_max": ratio_max}
+        for key in ("entropy", "is_weight_mean", "clip_frac", "kl_k3"):
+            out[key] = totals[key] / n_tokens if n_tokens else 0.0
+        return out
+
+    # -- weights and checkpoints
+
+    def serving_weights(self) -> dict[str, torch.Tensor]:
+        """bf16 copies of the weights, as inference serves them."""
+        return {k: v.detach().to(torch.bfloat16).clone() for k, v in self.model.state_dict().items()}
+
+    def save(self, path: Path) -> Path:
+        """Checkpoint into directory `path` atomically: weights, tokenizer, optimizer, version."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        try:
+            self.model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            (tmp / "trainer.json").write_text(json.dumps({"version": self.version, "lambdas": self.lambdas}) + "\n")
+            if path.exists():
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return path
+
+    def load(self, path: Path) -> None:
+        """Restore a checkpoint written by `save` (weights in place, optimizer state, version)."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        state = load_file(path / "model.safetensors")
+        missing = self.model.load_state_dict(state, strict=False).missing_keys
+        if [k for k in missing if "lm_head" not in k]:  # tied heads are not saved separately
+            raise ValueError(f"{path}: checkpoint lacks {missing[:3]}")
+        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+        self.version = int(json.loads((path / "trainer.json").read_text())["version"])
+
+
+def outcome_metrics(records: Sequence[dict[str, Any]], scores: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Reward, success, cost, turns and generated tokens: overall and per effort level (`high/success`)."""
+    out = _means(records, scores, "")
+    for effort in sorted({r["effort"] for r in records}):
+        pairs = [(r, s) for r, s in zip(records, scores, strict=True) if r["effort"] == effort]
+        out.update(_means([r for r, _ in pairs], [s for _, s in pairs], f"{effort}/"))
+    return out
+
+
+def _means(records, scores, prefix: str) -> dict[str, float]:
+    if not records:
+        return {}
+    return {
+        f"{prefix}reward": statistics.fmean(s["reward"] for s in scores),
+        f"{prefix}success": statistics.fmean(float(r["success"]) for r in records),
+        f"{prefix}cost": statistics.fmean(s["cost"] for s in scores),
+        f"{prefix}turns": statistics.fmean(r["n_turns"] for r in records),
+        f"{prefix}tokens": statistics.fmean(s["tokens"] for s in scores),
+        f"{prefix}format_errors": statistics.fmean(r.get("format_errors", 0) for r in records),
+    }
