@@ -84,7 +84,7 @@ class Episode:
     start: float = field(default_factory=time.perf_counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    tool_s: float = 0.0  # seconds in the sandbox (shell, run_tests)
+    tool_s: float = 0.0  # seconds in tool calls (sandbox setup and teardown included)
     gen_s: float = 0.0  # this episode's share of the batched generation calls
     format_errors: int = 0
     format_errors_in_row: int = 0
@@ -217,8 +217,11 @@ def _format_error(ep: Episode, message: str, cfg: HarnessConfig, reply: dict[str
 
 def _execute(ep: Episode, action: Action, cfg: HarnessConfig) -> str:
     ep.format_errors_in_row = 0
+    t0 = time.perf_counter()
     result = ep.tools.execute(action)
-    ep.tool_s += result.seconds
+    # the whole call, not just the command's own run: sandbox setup and teardown (and the sandbox's
+    # one-time layout discovery on its first command) are the tool's cost, not the loop's
+    ep.tool_s += max(result.seconds, time.perf_counter() - t0)
     text = _clip(result.text, cfg.observation_chars)
     ep.turns.append({"role": "tool", "name": action.name, "arguments": action.args, "text": text, "ok": result.ok})
     if result.edited and ep.first_edit_step is None:
