@@ -33,8 +33,11 @@ def solve_all(tasks: list, concurrency: int) -> list[dict]:
 
 def assert_all_solved(tasks: list, records: list[dict]) -> None:
     assert len(records) == len(tasks)
-    failed = [(r["task_id"], r["ending"], r["error"], (r["verdict"] or {}).get("error")) for r in records
-              if not r["success"]]
+    failed = [
+        (r["task_id"], r["ending"], r["error"], (r["verdict"] or {}).get("error"))
+        for r in records
+        if not r["success"]
+    ]
     assert failed == []
     summary = summarize(records)
     assert summary["success_rate"] == 1.0 and summary["cheats"] == 0

@@ -17,7 +17,9 @@ ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", CORPUS, vocab_size=300, hidden=64, layers=2)
+    path = build_tiny_model(
+        tmp_path_factory.mktemp("m") / "tiny", CORPUS, vocab_size=300, hidden=64, layers=2
+    )
     return load_hf(path)
 
 
@@ -27,8 +29,15 @@ def gqa_model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
-        vocab_size=97, hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=6,
-        num_key_value_heads=2, attention_bias=True, tie_word_embeddings=False, rope_theta=100000.0,
+        vocab_size=97,
+        hidden_size=96,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        attention_bias=True,
+        tie_word_embeddings=False,
+        rope_theta=100000.0,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(1)
@@ -100,8 +109,10 @@ def test_non_llama_models_are_refused(tiny):
 
 def requests() -> list[Request]:
     texts = ["hi", "def add(a, b):" * 3, "class Stack: " * 6, "x"]
-    return [Request(messages=[{"role": "user", "content": t}], max_tokens=10 + 3 * i, temperature=0.0)
-            for i, t in enumerate(texts)]
+    return [
+        Request(messages=[{"role": "user", "content": t}], max_tokens=10 + 3 * i, temperature=0.0)
+        for i, t in enumerate(texts)
+    ]
 
 
 def test_engine_greedy_tokens_same_with_fast_path_on_and_off(tiny):
@@ -118,8 +129,10 @@ def test_engine_greedy_tokens_same_with_fast_path_on_and_off(tiny):
 def test_fast_engine_is_deterministic_and_sees_in_place_weight_updates(tiny):
     model, tokenizer = tiny
     engine = TorchEngine(model, tokenizer, eos_ids=[])
-    sampled = [Request(messages=r.messages, max_tokens=8, temperature=1.0, top_p=0.9, seed=i)
-               for i, r in enumerate(requests())]
+    sampled = [
+        Request(messages=r.messages, max_tokens=8, temperature=1.0, top_p=0.9, seed=i)
+        for i, r in enumerate(requests())
+    ]
     first = engine.generate(sampled)
     again = engine.generate(sampled)
     assert [c.token_ids for c in again] == [c.token_ids for c in first]

@@ -201,7 +201,12 @@ def decode(model, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def forward(
-    model, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor, logits: bool = True
+    model,
+    cache: KVCache,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    attend: torch.Tensor,
+    logits: bool = True,
 ) -> torch.Tensor | None:
     """Write `ids` [B, S] into columns `cache.length ...` and return the last position's logits [B, V].
 

@@ -149,7 +149,9 @@ def nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor):
     k = min(TOPK_FIRST, scaled.shape[1])
     if 8 * k >= scaled.shape[1]:  # a small vocabulary: one sort is as cheap as a top-k
         k = scaled.shape[1]
-    vals, ids = torch.topk(scaled, k, dim=-1) if k < scaled.shape[1] else torch.sort(scaled, dim=-1, descending=True)
+    vals, ids = (
+        torch.topk(scaled, k, dim=-1) if k < scaled.shape[1] else torch.sort(scaled, dim=-1, descending=True)
+    )
     probs = torch.exp(vals - logz.unsqueeze(1))
     before = torch.cumsum(probs, dim=-1) - probs
     if k < scaled.shape[1] and bool((before[:, -1] + probs[:, -1] < top_p).any()):
