@@ -1,16 +1,21 @@
-"""`make demo`: the flywheel's ground truth and harness on the embedded default, end to end.
+"""`make demo`: the whole flywheel on the embedded default, on one CPU.
 
-1. build the built-in suites (toybugs train/heldout, humaneval) and count them;
-2. run the scripted-noisy oracle through the harness and the real grader on held-out toybugs tasks
-   (it shows the loop works: it is an oracle, not a model result);
-3. evaluate the real pretrained model smollm2-135m on the same tasks at medium effort;
-4. print a table of success (95% interval), mean cost and mean turns.
+1. build the toybugs suite (cached after the first run);
+2. SFT the base policy: a tiny Llama imitating scripted-noisy on the train split (cached by config);
+3. calibrate λ per effort level from the base policy's cost/success ladder;
+4. evaluate the base on held-out tasks at every effort level;
+5. train with RL, all three effort levels in one run;
+6. evaluate the trained policy on the same held-out tasks;
+7. print a before/after table and write `runs/demo/pareto.png` (success against cost per effort level).
 
-Run directories go under `runs/demo/`. Set FLYWHEEL_DEMO_TASKS to change the number of tasks (default 12).
+Everything goes under `runs/demo/`. Sizes come from `configs/demo.toml` and `configs/sft.toml`; the
+environment can shrink them: FLYWHEEL_DEMO_STEPS (training steps), FLYWHEEL_DEMO_TASKS (held-out tasks).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import sys
@@ -20,38 +25,99 @@ from pathlib import Path
 from flywheel.errors import FlywheelError
 
 
-def _row(name: str, s: dict) -> str:
+def configs_dir() -> Path:
+    """`configs/` of the checkout (the demo runs from the repository root)."""
+    here = Path.cwd() / "configs"
+    if not (here / "demo.toml").is_file():
+        raise FlywheelError("run the demo from the repository root (configs/demo.toml not found)")
+    return here
+
+
+def cached_base(sft_config: Path) -> Path:
+    """The SFT base for `sft_config`, built once into the cache (keyed by the config's bytes)."""
+    from flywheel.rl.config import load_config
+    from flywheel.rl.sft import SftConfig, run_sft
+    from flywheel.tasks import cache_dir
+
+    key = hashlib.sha256(sft_config.read_bytes()).hexdigest()[:12]
+    path = cache_dir() / "bases" / f"sft-{key}"
+    if not (path / "sft_config.json").is_file():
+        print(f"[2/7] training the base policy ({sft_config}) into {path} ...", flush=True)
+        run_sft(load_config(sft_config, SftConfig), path)
+    else:
+        print(f"[2/7] base policy: {path} (cached)", flush=True)
+    return path
+
+
+def row(name: str, effort: str, s: dict) -> str:
     lo, hi = s["success_ci95"]
-    return f"{name:22s} {s['n']:4d}  {s['success_rate']:6.1%}  [{lo:5.1%}, {hi:5.1%}]  ${s['mean_cost']:.5f}  {s['mean_turns']:5.1f}"
+    edit = s["median_steps_to_first_edit"]
+    return (f"{name:8s} {effort:7s} {s['n']:4d}  {s['success_rate']:6.1%}  [{lo:5.1%}, {hi:5.1%}]  "
+            f"${s['mean_reward_cost']:.5f}  {s['mean_turns']:5.1f}  {edit if edit is not None else '-':>5}")
+
+
+def plot(before: dict, after: dict, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.5, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for name, data, marker in (("base", before, "o"), ("trained", after, "s")):
+        xs = [data[e]["mean_reward_cost"] for e in data]
+        ys = [data[e]["success_rate"] for e in data]
+        ax.plot(xs, ys, marker=marker, linestyle="--", label=name)
+        for e, x, y in zip(data, xs, ys, strict=True):
+            ax.annotate(e, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel("mean cost per attempt ($)")
+    ax.set_ylabel("held-out success rate")
+    ax.set_title("toybugs held-out: success against cost, per effort level")
+    ax.legend()
+    fig.savefig(path)
 
 
 def main() -> None:
-    from flywheel.eval import run_eval
-    from flywheel.harness import HarnessConfig
-    from flywheel.models import get_model
+    from flywheel.models.torch_engine import load_torch_model
+    from flywheel.rl.config import load_config
+    from flywheel.rl.measure import evaluate_policy, run_calibration
+    from flywheel.rl.train import load_tasks, setup_torch, train
     from flywheel.tasks import load_suite
 
-    n = int(os.environ.get("FLYWHEEL_DEMO_TASKS", "12"))
+    t0 = time.perf_counter()
+    configs = configs_dir()
     out = Path("runs/demo")
     shutil.rmtree(out, ignore_errors=True)
-    t0 = time.perf_counter()
-    train, heldout = load_suite("toybugs", split="train"), load_suite("toybugs", split="heldout")
-    humaneval = load_suite("humaneval")
-    print(f"suites: toybugs train {len(train)}, heldout {len(heldout)}; humaneval {len(humaneval)}")
-    tasks = heldout[:: max(1, len(heldout) // n)][:n]
-    rows = []
-    for spec, cfg in [("scripted-noisy", HarnessConfig()), ("smollm2-135m", HarnessConfig(temperature=0.7, top_p=0.95))]:
-        print(f"evaluating {spec} on {len(tasks)} held-out toybugs tasks ...", flush=True)
-        try:
-            model = get_model(spec)
-        except FlywheelError as e:
-            print(f"  skipped: {e}")
-            continue
-        summary = run_eval(tasks, model, out / spec, effort="medium", cfg=cfg, concurrency=8)
-        rows.append(_row(spec, summary))
-    print(f"\n{'model':22s} {'n':>4s}  {'success':>6s}  {'95% interval':>16s}  {'cost':>8s}  turns")
-    print("\n".join(rows))
-    print(f"\n(scripted-noisy is an oracle using the reference solution.) runs in {out}/, {time.perf_counter() - t0:.0f} s")
+    out.mkdir(parents=True)
+    train_tasks = load_suite("toybugs", split="train")
+    print(f"[1/7] toybugs: {len(train_tasks)} train tasks, {len(load_suite('toybugs', split='heldout'))} held-out", flush=True)
+    base = cached_base(configs / "sft.toml")
+    cfg = load_config(configs / "demo.toml")
+    cfg.model.path = str(base)
+    cfg.train.steps = int(os.environ.get("FLYWHEEL_DEMO_STEPS", cfg.train.steps))
+    n_eval = int(os.environ.get("FLYWHEEL_DEMO_TASKS", "24"))
+    print("[3/7] calibrating λ per effort level ...", flush=True)
+    cal = run_calibration(cfg, out / "calibration", limit=8, samples=1)
+    cfg.reward.calibration = str(out / "calibration" / "calibration.json")
+    print("      λ = " + ", ".join(f"{e}: {v:.1f}" for e, v in cal["lambdas"].items()), flush=True)
+    heldout = load_tasks(cfg, split=cfg.tasks.eval_split, limit=0)
+    heldout = heldout[:: max(1, len(heldout) // n_eval)][:n_eval]
+    setup_torch(cfg)
+    print(f"[4/7] evaluating the base on {len(heldout)} held-out tasks ...", flush=True)
+    engine = load_torch_model(f"hf:{base}", max_context=cfg.model.max_context, seed=cfg.seed)
+    before = evaluate_policy(engine, heldout, cfg, out / "eval-base")
+    print(f"[5/7] training for {cfg.train.steps} steps ...", flush=True)
+    train(cfg, out / "train")
+    latest = sorted((out / "train" / "checkpoints").glob("step-*"))[-1]
+    print("[6/7] evaluating the trained policy ...", flush=True)
+    engine = load_torch_model(f"hf:{latest}", max_context=cfg.model.max_context, seed=cfg.seed)
+    after = evaluate_policy(engine, heldout, cfg, out / "eval-trained")
+    (out / "results.json").write_text(json.dumps({"base": before, "trained": after}, indent=1) + "\n")
+    plot(before, after, out / "pareto.png")
+    print(f"\n[7/7] {'policy':8s} {'effort':7s} {'n':>4s}  {'success':>6s}  {'95% interval':>16s}  {'cost':>8s}  turns  1st-edit")
+    for name, data in (("base", before), ("trained", after)):
+        for effort, summary in data.items():
+            print(row(name, effort, summary))
+    print(f"\nruns/demo/: calibration/, train/ (metrics.jsonl), results.json, pareto.png — {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

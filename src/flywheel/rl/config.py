@@ -33,6 +33,9 @@ class TasksConfig:
     split: str = "train"
     limit: int = 0  # use the first N tasks of the split (0: all)
     eval_split: str = "heldout"
+    recurate_every: int = 0  # every N steps keep only tasks with 0 < pass rate <= p_max (0: never)
+    p_max: float = 0.75  # curation's upper pass rate; unmeasured tasks stay eligible
+    recurate_window: int = 8  # pass rates count attempts of the last N policy versions
 
 
 @dataclass
@@ -79,6 +82,7 @@ class TrainConfig:
     checkpoint_every: int = 1
     trajectories: str = "lite"  # RUN_DIR/trajectories.jsonl: "lite" (no kept sets), "full" or "none"
     threads: int = 0  # torch intra-op threads (0: leave torch's default)
+    max_minutes: float = 0.0  # stop (and checkpoint) after the step that passes this wall time (0: no limit)
 
 
 @dataclass
@@ -94,6 +98,7 @@ class RunConfig:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    loop: dict[str, Any] = field(default_factory=dict)  # backend = "local" | "ray": flywheel.loop.LoopConfig
 
 
 # -------------------------------------------------------------------------------------------- loading
@@ -124,6 +129,8 @@ def from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
 
 
 def _coerce(hint: Any, value: Any, where: str) -> Any:
+    if hint is Any:
+        return value
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise FlywheelError(f"{where}: expected a table, got {type(value).__name__}")

@@ -194,8 +194,8 @@ def train_model(model, tokenizer, examples, cfg: SftConfig, log) -> None:
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 step += 1
-                log({"step": step, "loss": round(float(loss), 5), "grad_norm": round(float(norm), 4)})
-                advance(loss=float(loss))
+                log({"step": step, "loss": round(float(loss.detach()), 5), "grad_norm": round(float(norm), 4)})
+                advance(loss=float(loss.detach()))
     model.eval()
 
 

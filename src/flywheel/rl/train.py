@@ -108,6 +108,24 @@ def batch_for(tasks: list, cfg: RunConfig, step: int) -> list:
     return rng.sample(tasks, min(cfg.rollout.tasks_per_step, len(tasks)))
 
 
+def curated(tasks: list, history: list[dict[str, Any]], cfg: RunConfig, step: int) -> list:
+    """The tasks eligible at `step`: all, or those curation keeps after the last re-curation point.
+
+    Pass rates come from the run's own rollouts (`history`: task_id, success, policy_version, step) up to
+    that point, over the last `recurate_window` policy versions; if curation would leave nothing, all stay.
+    """
+    every = cfg.tasks.recurate_every
+    if not every or step <= every:
+        return tasks
+    from flywheel.tasks.curate import pass_rates, select
+
+    point = (step - 1) // every * every
+    seen = [h for h in history if h["step"] <= point]
+    rates = pass_rates(seen, min_policy_version=point - cfg.tasks.recurate_window)
+    keep = set(select(rates, cfg.tasks.p_max, task_ids=[t.id for t in tasks]))
+    return [t for t in tasks if t.id in keep] or tasks
+
+
 def harness_config(cfg: RunConfig, version: int):
     from flywheel.harness import HarnessConfig
 
@@ -146,6 +164,14 @@ class Run:
                     break  # a torn last line
             path.write_text("".join(f"{ln}\n" for ln in keep))
 
+    def history(self) -> list[dict[str, Any]]:
+        """(task_id, success, policy_version, step) of every rollout so far, for re-curation."""
+        path = self.out / "trajectories.jsonl"
+        if not path.exists():
+            return []
+        keys = ("task_id", "success", "policy_version", "step")
+        return [{k: r[k] for k in keys} for r in map(json.loads, path.read_text().splitlines())]
+
     def append(self, name: str, rows: list[dict[str, Any]]) -> None:
         with (self.out / name).open("a") as f:
             for row in rows:
@@ -168,8 +194,44 @@ def rounded(metrics: dict[str, float], step: int, version: int) -> dict[str, Any
     return {"step": step, "policy_version": version, **{k: round(float(v), 6) for k, v in sorted(metrics.items())}}
 
 
+def make_trainer(cfg: RunConfig):
+    """A fresh `Trainer` on the run's base model (a factory the distributed backends call where they run)."""
+    from flywheel.models.torch_engine import load_torch_model
+    from flywheel.rl.trainer import Trainer
+
+    setup_torch(cfg)
+    engine = load_torch_model(model_spec(cfg.model.path), max_context=cfg.model.max_context, seed=cfg.seed)
+    return Trainer(engine.model, engine.tokenizer, cfg, resolve_lambdas(cfg))
+
+
+def loop_config(cfg: RunConfig):
+    """The distributed loop's config: the run's settings, then the `[loop]` table's own keys."""
+    from flywheel.loop.config import config_from_dict
+
+    r = cfg.rollout
+    base = {"model": model_spec(cfg.model.path), "steps": cfg.train.steps, "efforts": list(r.efforts),
+            "samples": r.group_size, "groups_per_step": r.tasks_per_step * len(r.efforts),
+            "temperature": r.temperature, "top_p": r.top_p, "seed": cfg.seed, "deterministic": cfg.deterministic,
+            "max_context": cfg.model.max_context}
+    return config_from_dict({**base, **cfg.loop})
+
+
 def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
-    """Run (or resume) training into `out`; returns the metrics of the steps run now."""
+    """Run (or resume) training into `out`; returns the metrics of the steps run now.
+
+    With `[loop] backend = "local"` or `"ray"` the trainer and separate inference pools run through
+    `flywheel.loop` (weights shipped as deltas through the store); otherwise everything runs in this process.
+    """
+    if cfg.loop.get("backend", "inline") != "inline":
+        from functools import partial
+
+        from flywheel.loop import run as run_loop
+
+        check(cfg)
+        lcfg = loop_config(cfg)
+        run_loop(lcfg, partial(make_trainer, cfg), load_tasks(cfg), out)
+        path = Path(out) / "metrics.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     from flywheel.models.torch_engine import load_torch_model
     from flywheel.progress import progress
     from flywheel.rl.rollout import efforts_for, make_specs, rollout
@@ -192,18 +254,24 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
         start, path = latest
         trainer.load(path)
     run.cut_back(start)
+    history = run.history()
     (run.out / "config.json").write_text(json.dumps({**to_dict(cfg), "lambdas": lambdas}, indent=1) + "\n")
     efforts = efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens)
     rows = []
+    began = time.perf_counter()
     with progress("train", cfg.train.steps) as advance:
         advance(start)
         for step in range(start + 1, cfg.train.steps + 1):
             t0 = time.perf_counter()
-            specs = make_specs(batch_for(tasks, cfg, step), efforts, cfg.rollout.group_size,
+            pool = curated(tasks, history, cfg, step)
+            specs = make_specs(batch_for(pool, cfg, step), efforts, cfg.rollout.group_size,
                                seed=stable_seed(cfg.seed, "rollout", step) % 2**31)
             records = rollout(engine, specs, harness_config(cfg, trainer.version), concurrency=cfg.rollout.concurrency)
             t1 = time.perf_counter()
             metrics = trainer.step(records)
+            metrics["eligible_tasks"] = float(len(pool))
+            history += [{"task_id": r["task_id"], "success": r["success"], "policy_version": r["policy_version"],
+                         "step": step} for r in records]
             t2 = time.perf_counter()
             row = rounded(metrics, step, trainer.version)
             run.append("metrics.jsonl", [row])
@@ -211,7 +279,8 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
                 scores = score(records, lambdas, cfg.objective.baseline, cfg.deterministic)
                 keep = (lambda r: r) if cfg.train.trajectories == "full" else lite
                 run.append("trajectories.jsonl", [{**keep(r), "step": step, "rl": s} for r, s in zip(records, scores, strict=True)])
-            if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps:
+            out_of_time = cfg.train.max_minutes > 0 and time.perf_counter() - began > 60 * cfg.train.max_minutes
+            if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps or out_of_time:
                 run.checkpoint(trainer, step)
             run.append("timings.jsonl", [{"step": step, "rollout_s": round(t1 - t0, 2), "update_s": round(t2 - t1, 2),
                                           "checkpoint_s": round(time.perf_counter() - t2, 2)}])
@@ -219,4 +288,6 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
             advance(1, reward=row["reward"], success=row["success"])
             if on_step:
                 on_step(row)
+            if out_of_time:
+                break
     return rows

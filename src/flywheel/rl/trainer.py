@@ -118,7 +118,7 @@ class Trainer:
                 mask = kept_mask(kept, logits.shape[1])
                 ent = replay_entropy(logits.detach(), mask, temperature)
             n = len(gen)
-            totals["loss"] += float(loss)
+            totals["loss"] += float(loss.detach())
             totals["entropy"] += float(ent.sum())
             for key in ("is_weight_mean", "clip_frac", "kl_k3"):
                 totals[key] += s[key] * n

@@ -1,0 +1,127 @@
+"""Does RL make the base policy better and cheaper? Base against trained on toybugs held-out, per effort.
+
+    python benchmarks/learning.py --base runs/base --config configs/learn.toml --minutes 30 --out runs/learning
+
+1. λ per effort from the base policy's ladder (`flywheel calibrate`), unless --no-calibrate;
+2. the base on `--eval-tasks` held-out tasks at every effort level;
+3. RL for `--minutes` of wall time (or the config's steps, whichever ends first);
+4. the trained policy on the same held-out tasks.
+
+Prints success (95% Wilson interval), mean cost, mean turns and the median steps to the first edit for
+both, and the two goals: held-out success up by >= 15 points at some effort level; medium effort with
+>= 40% fewer turns than the base at equal or better success. Everything is kept under --out
+(results.json, the training run, the trajectories).
+
+`--variant KEY=VALUE` (repeatable) overrides a config field for ablations, e.g.
+`--variant objective.baseline=mean`, `--variant objective.replay=false`, `--variant optim.kind=adamw`,
+`--variant reward.lambdas.medium=0` (with --no-calibrate and explicit λ). `--skip-base` reuses the base
+evaluation of another run directory (`--base-eval DIR/results.json`) so ablations share one baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def set_field(cfg, dotted: str, raw: str) -> None:
+    """`a.b=value` on the nested config (`value` parsed as JSON when it can be, else a string)."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    *path, last = dotted.split(".")
+    obj = cfg
+    for part in path:
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    if isinstance(obj, dict):
+        obj[last] = value
+    else:
+        setattr(obj, last, type(getattr(obj, last))(value) if not isinstance(getattr(obj, last), bool) else bool(value))
+
+
+def table(before: dict, after: dict) -> str:
+    head = f"{'effort':7s} {'policy':8s} {'n':>4s} {'success':>8s} {'95% CI':>15s} {'cost $':>9s} {'turns':>6s} {'1st edit':>8s}"
+    lines = [head]
+    for effort in after:
+        for name, data in (("base", before), ("trained", after)):
+            s = data[effort]
+            lo, hi = s["success_ci95"]
+            edit = s["median_steps_to_first_edit"]
+            lines.append(f"{effort:7s} {name:8s} {s['n']:4d} {s['success_rate']:8.1%} [{lo:5.1%},{hi:6.1%}] "
+                         f"{s['mean_reward_cost']:9.5f} {s['mean_turns']:6.2f} {edit if edit is not None else '-':>8}")
+    return "\n".join(lines)
+
+
+def goals(before: dict, after: dict) -> dict:
+    gains = {e: after[e]["success_rate"] - before[e]["success_rate"] for e in after}
+    out = {"success_gain_points": {e: round(100 * g, 1) for e, g in gains.items()},
+           "success_goal_met": max(gains.values()) >= 0.15}
+    if "medium" in after:
+        b, a = before["medium"], after["medium"]
+        cut = 1 - a["mean_turns"] / b["mean_turns"] if b["mean_turns"] else 0.0
+        out["medium_turns_cut"] = round(cut, 3)
+        out["turns_goal_met"] = cut >= 0.40 and a["success_rate"] >= b["success_rate"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--base", required=True, help="the base policy directory (from `flywheel sft`)")
+    ap.add_argument("--config", default=str(ROOT / "configs" / "learn.toml"))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--eval-tasks", type=int, default=40)
+    ap.add_argument("--no-calibrate", action="store_true")
+    ap.add_argument("--base-eval", help="results.json of an earlier run: reuse its base evaluation")
+    ap.add_argument("--variant", action="append", default=[], help="KEY=VALUE config override (repeatable)")
+    args = ap.parse_args()
+
+    from flywheel.models.torch_engine import load_torch_model
+    from flywheel.rl.config import load_config
+    from flywheel.rl.measure import evaluate_policy, run_calibration
+    from flywheel.rl.train import load_tasks, setup_torch, train
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = load_config(args.config)
+    cfg.model.path = args.base
+    cfg.train.max_minutes = args.minutes
+    for v in args.variant:
+        key, _, value = v.partition("=")
+        set_field(cfg, key, value)
+    t0 = time.perf_counter()
+    if not args.no_calibrate:
+        cal = run_calibration(cfg, out / "calibration", limit=12, samples=1)
+        cfg.reward.calibration = str(out / "calibration" / "calibration.json")
+        print("lambdas:", cal["lambdas"], flush=True)
+    heldout = load_tasks(cfg, split=cfg.tasks.eval_split, limit=0)
+    heldout = heldout[:: max(1, len(heldout) // args.eval_tasks)][: args.eval_tasks]
+    setup_torch(cfg)
+    if args.base_eval:
+        before = json.loads(Path(args.base_eval).read_text())["base"]
+    else:
+        engine = load_torch_model(f"hf:{args.base}", max_context=cfg.model.max_context, seed=cfg.seed)
+        before = evaluate_policy(engine, heldout, cfg, out / "eval-base")
+    t1 = time.perf_counter()
+    rows = train(cfg, out / "train")
+    t2 = time.perf_counter()
+    latest = sorted((out / "train" / "checkpoints").glob("step-*"))[-1]
+    engine = load_torch_model(f"hf:{latest}", max_context=cfg.model.max_context, seed=cfg.seed)
+    after = evaluate_policy(engine, heldout, cfg, out / "eval-trained")
+    result = {"variant": args.variant, "steps": len(rows), "train_minutes": round((t2 - t1) / 60, 1),
+              "total_minutes": round((time.perf_counter() - t0) / 60, 1), "base": before, "trained": after,
+              "goals": goals(before, after)}
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(table(before, after))
+    print(json.dumps({k: result[k] for k in ("variant", "steps", "train_minutes", "total_minutes", "goals")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The RL loop end to end on a tiny base: SFT, training steps, determinism, resume, config errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flywheel.errors import FlywheelError
+from flywheel.rl.config import RunConfig, load_config
+from flywheel.rl.sft import SftConfig, encode, messages_of, render_with_spans, run_sft
+from flywheel.rl.train import train
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """A tiny base policy from `flywheel sft configs/sft-quick.toml` (real imitation data, real training)."""
+    cfg = load_config(ROOT / "configs" / "sft-quick.toml", SftConfig)
+    return run_sft(cfg, tmp_path_factory.mktemp("sft") / "base")
+
+
+def quick(base: Path, steps: int = 2) -> RunConfig:
+    cfg = load_config(ROOT / "configs" / "quick.toml")
+    cfg.model.path = str(base)
+    cfg.train.steps = steps
+    return cfg
+
+
+def test_sft_writes_a_loadable_model_and_its_loss(base):
+    info = json.loads((base / "sft_config.json").read_text())
+    assert info["episodes"] == 6 and info["tokens"] > 0
+    losses = [json.loads(line)["loss"] for line in (base / "sft_metrics.jsonl").read_text().splitlines()]
+    assert losses and all(loss > 0 for loss in losses)
+    from flywheel.models.torch_engine import load_torch_model
+
+    engine = load_torch_model(f"hf:{base}")
+    assert engine.tokenizer.eos_token == "<|im_end|>"
+
+
+def test_sft_learns_only_the_assistant_tokens():
+    from flywheel.models.tiny import wrap_tokenizer, train_tokenizer, CHAT_TEMPLATE
+
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix it"},
+                {"role": "assistant", "content": "<run_tests/>"}, {"role": "user", "content": "1 failed"}]
+    text, spans = render_with_spans(messages)
+    tok = wrap_tokenizer(train_tokenizer([text] * 4, 300), CHAT_TEMPLATE)
+    assert text == tok.apply_chat_template(messages, tokenize=False)  # the engine renders the same text
+    ids, target = encode(tok, messages, 10_000)
+    learned = tok.decode([i for i, t in zip(ids, target, strict=True) if t])
+    assert learned == "<run_tests/><|im_end|>"
+
+
+def test_messages_of_a_record_replays_the_conversation():
+    record = {"turns": [{"role": "system", "text": "s"}, {"role": "user", "text": "u"},
+                        {"role": "assistant", "text": "<view path=\"a.py\"/>"},
+                        {"role": "tool", "name": "view", "text": "1| x"},
+                        {"role": "assistant", "text": "oops"},
+                        {"role": "tool", "name": "format_error", "text": "error: no action"}]}
+    assert [m["role"] for m in messages_of(record)] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert messages_of(record)[-1]["content"] == "error: no action"
+
+
+def test_deterministic_runs_are_byte_identical_and_resume_continues_the_same(base, tmp_path):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    rows = train(quick(base), a)
+    train(quick(base), b)
+    assert (a / "metrics.jsonl").read_bytes() == (b / "metrics.jsonl").read_bytes()
+    for name in ("model.safetensors", "optimizer.pt"):
+        assert (a / "checkpoints/step-000002" / name).read_bytes() == (b / "checkpoints/step-000002" / name).read_bytes()
+    # an interrupted run (one step, then a torn line) resumes to the same metrics
+    train(quick(base, steps=1), c)
+    with (c / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 2, "torn')
+    train(quick(base), c)
+    assert (c / "metrics.jsonl").read_bytes() == (a / "metrics.jsonl").read_bytes()
+    assert len(rows) == 2
+    keys = rows[0].keys()
+    for key in ("reward", "success", "cost", "turns", "tokens", "loss", "entropy", "is_weight_mean", "kl_k3",
+                "grad_norm", "medium/success", "high/reward", "max/turns"):
+        assert key in keys
+    records = [json.loads(line) for line in (a / "trajectories.jsonl").read_text().splitlines()]
+    assert len(records) == 2 * 2 * 3 * 2 and all("advantage" in r["rl"] for r in records)
+
+
+def test_bad_config_exits_2_naming_the_key(tmp_path):
+    bad = tmp_path / "bad.toml"
+    for body, needle in [("[optim]\nlr = 'fast'\n", "'lr'"), ("[rollout]\nsteps = 3\n", "'steps'"),
+                         ("[model]\npath = '/nope'\n", "[model] path")]:
+        bad.write_text(body)
+        proc = subprocess.run([sys.executable, "-m", "flywheel", "train", str(bad), "--out", str(tmp_path / "r")],
+                              capture_output=True, text=True)
+        assert proc.returncode == 2, proc.stderr
+        assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_config_types_are_checked():
+    from flywheel.rl.config import from_dict
+
+    cfg = from_dict(RunConfig, {"optim": {"lr": 1}, "reward": {"lambdas": {"medium": 2}}}, "x")
+    assert cfg.optim.lr == 1.0 and cfg.reward.lambdas == {"medium": 2.0}
+    with pytest.raises(FlywheelError, match="deterministic"):
+        from_dict(RunConfig, {"deterministic": "yes"}, "x")
+    with pytest.raises(FlywheelError, match="efforts"):
+        from_dict(RunConfig, {"rollout": {"efforts": "medium"}}, "x")
+
+
+def test_recuration_drops_always_solved_and_never_solved_tasks_and_keeps_unmeasured():
+    from types import SimpleNamespace
+
+    from flywheel.rl.train import curated
+
+    tasks = [SimpleNamespace(id=name) for name in ("easy", "hard", "some", "new")]
+    cfg = RunConfig()
+    cfg.tasks.recurate_every, cfg.tasks.p_max, cfg.tasks.recurate_window = 2, 0.75, 8
+    history = [{"task_id": t, "success": ok, "policy_version": 1, "step": 2}
+               for t, ok in [("easy", True), ("easy", True), ("hard", False), ("hard", False),
+                             ("some", True), ("some", False)]]
+    assert [t.id for t in curated(tasks, history, cfg, step=2)] == ["easy", "hard", "some", "new"]  # not yet
+    assert [t.id for t in curated(tasks, history, cfg, step=3)] == ["some", "new"]
+    cfg.tasks.recurate_every = 0
+    assert len(curated(tasks, history, cfg, step=3)) == 4
