@@ -64,6 +64,7 @@ class ObjectiveConfig:
     replay: bool = True  # renormalise over the sampler's top-p kept set (False: full softmax)
     clip_c: float = 2.0  # truncation of the importance weight
     token_budget: int = 0  # the constant N of the loss normalisation (0: rollouts per step × 256)
+    batch_tokens: int = 16384  # padded tokens per trainer forward pass
 
 
 @dataclass

@@ -33,7 +33,7 @@ def measure_ladder(engine, tasks: Sequence[Any], cfg: RunConfig, factors: Sequen
     from flywheel.rl.train import harness_config
 
     out: dict[str, list[tuple[float, float, float]]] = {}
-    for base in efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens):
+    for base in efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens, cfg.deterministic):
         rungs = []
         for f in factors:
             level = replace(base, max_turns=max(1, round(base.max_turns * f)), max_tokens=max(1, round(base.max_tokens * f)))
@@ -81,7 +81,7 @@ def evaluate_policy(engine, tasks: Sequence[Any], cfg: RunConfig, out: Path, *, 
 
     out = Path(out)
     result = {}
-    for level in efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens):
+    for level in efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens, cfg.deterministic):
         records = rollout(engine, make_specs(tasks, [level], samples, seed=seed), harness_config(cfg, 0),
                           concurrency=cfg.rollout.concurrency)
         (out / level.name).mkdir(parents=True, exist_ok=True)

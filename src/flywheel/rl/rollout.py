@@ -19,6 +19,7 @@ runs with the same seed identical.
 from __future__ import annotations
 
 import filecmp
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,15 @@ MODELLED_SECONDS = (0.004, 0.0002, 0.4)
 
 
 def efforts_for(names: Sequence[str], max_turns: dict[str, int] | None = None,
-                max_tokens: dict[str, int] | None = None) -> list[Effort]:
-    """The effort levels `names`, with per-level budget overrides."""
+                max_tokens: dict[str, int] | None = None, deterministic: bool = False) -> list[Effort]:
+    """The effort levels `names`, with per-level budget overrides.
+
+    `deterministic` lifts the wall-time and dollar budgets, which depend on measured seconds and so
+    cannot end an episode at the same point twice; turn and token budgets still apply.
+    """
     out = []
     for name in names:
-        overrides: dict[str, Any] = {}
+        overrides: dict[str, Any] = {"wall_s": math.inf, "max_cost": math.inf} if deterministic else {}
         if max_turns and name in max_turns:
             overrides["max_turns"] = int(max_turns[name])
         if max_tokens and name in max_tokens:

@@ -88,7 +88,7 @@ def collect(cfg: SftConfig) -> list[dict[str, Any]]:
     rng = random.Random(cfg.seed)
     order = [tasks[i % len(tasks)] for i in range(n)]
     rng.shuffle(order)
-    efforts = efforts_for(cfg.data.efforts)
+    efforts = efforts_for(cfg.data.efforts, deterministic=True)  # no wall-time budget: the teacher always finishes
     specs = []
     for i, task in enumerate(order):
         specs += make_specs([task], [efforts[i % len(efforts)]], 1, seed=cfg.seed + i // len(tasks))

@@ -4,15 +4,15 @@
 
 1. reward ``R_i = S_i - λ_e·C_i`` per rollout (`objective.reward`, C from `rollout.reward_cost`);
 2. advantages within each (task, effort) group, against the length-weighted baseline (or the group mean);
-3. for every assistant turn that carries its sampled tokens, one forward pass over the turn's exact prompt
-   and generated ids; the generated tokens' log-probabilities are replayed over the sampler's top-p kept
+3. for every assistant turn that carries its sampled tokens, a forward pass over the turn's exact prompt
+   and generated ids (turns of similar length share one right-padded batch); the generated tokens' log-probabilities are replayed over the sampler's top-p kept
    sets (`replay=True`) or over the full vocabulary (`replay=False`, the ablation), both at the sampling
    temperature;
 4. the truncated-importance-weighted loss of `objective.policy_loss`, summed over all turns and divided by
    one constant token budget, so every generated token weighs the same in every step (see the objective's
    docstring for why); gradients accumulate turn by turn, then are clipped and the optimizer steps.
 
-A turn costs one forward pass of its whole prompt: turns are not packed into one sequence because the
+A turn costs a forward pass of its whole prompt: turns are not packed into one sequence because the
 prompt of turn k+1 is a re-rendering of the conversation, not guaranteed to extend turn k's token ids.
 Rollouts whose advantage is exactly zero carry no gradient and are skipped.
 
@@ -35,7 +35,14 @@ from typing import Any
 import torch
 
 from flywheel.rl.config import RunConfig
-from flywheel.rl.objective import advantages_flat, policy_loss, replay_entropy, replay_log_probs, reward
+from flywheel.rl.objective import (
+    advantages_flat,
+    kept_mask,
+    policy_loss,
+    replay_entropy,
+    replay_log_probs,
+    reward,
+)
 from flywheel.rl.optim import build_optimizer
 from flywheel.rl.rollout import reward_cost
 
@@ -49,6 +56,19 @@ def turns_of(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 def generated_tokens(record: dict[str, Any]) -> int:
     return sum(len(t["token_ids"]) for t in turns_of(record))
+
+
+def token_batches(turns: Sequence[dict[str, Any]], max_tokens: int) -> list[list[int]]:
+    """Indices of `turns` grouped into batches of similar length whose padded size stays under `max_tokens`."""
+    order = sorted(range(len(turns)), key=lambda i: len(turns[i]["prompt_ids"]) + len(turns[i]["token_ids"]))
+    batches: list[list[int]] = []
+    for i in order:
+        width = len(turns[i]["prompt_ids"]) + len(turns[i]["token_ids"])
+        if batches and width * (len(batches[-1]) + 1) <= max_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
 
 
 def score(records: Sequence[dict[str, Any]], lambdas: dict[str, float], baseline: str,
@@ -98,36 +118,52 @@ class Trainer:
         return {**stats, **outcome_metrics(records, scores)}
 
     def _accumulate(self, work: list[tuple[dict[str, Any], float]], budget: float) -> dict[str, float]:
-        totals = {"loss": 0.0, "entropy": 0.0, "is_weight_mean": 0.0, "clip_frac": 0.0, "kl_k3": 0.0}
+        """Backward of the loss over every turn in `work`, in padded batches; returns the step's statistics."""
+        sums = {"loss": 0.0, "entropy": 0.0, "is_weight_mean": 0.0, "clip_frac": 0.0, "kl_k3": 0.0}
         ratio_max, n_tokens = 0.0, 0
-        temperature = self.cfg.rollout.temperature
-        for turn, adv in work:
-            prompt, gen = turn["prompt_ids"], turn["token_ids"]
-            ids = torch.tensor([prompt + gen])
-            logits = self.model(input_ids=ids, logits_to_keep=len(gen) + 1).logits[0, :-1].float()
-            tokens = torch.tensor(gen)
-            kept = turn["kept"] if self.cfg.objective.replay else [None] * len(gen)
-            lp = replay_log_probs(logits, kept, tokens, temperature)
-            loss, s = policy_loss(lp, torch.tensor(turn["logprobs"]), torch.full((len(gen),), adv),
-                                  torch.ones(len(gen), dtype=torch.bool), clip_c=self.cfg.objective.clip_c,
-                                  token_budget=budget)
+        for batch in token_batches([t for t, _ in work], self.cfg.objective.batch_tokens):
+            turns = [work[i][0] for i in batch]
+            advs = torch.cat([torch.full((len(t["token_ids"]),), work[i][1]) for i, t in zip(batch, turns, strict=True)])
+            logits = self._generated_logits(turns)
+            tokens = torch.tensor([x for t in turns for x in t["token_ids"]])
+            kept = [k for t in turns for k in (t["kept"] if self.cfg.objective.replay else [None] * len(t["token_ids"]))]
+            mask = kept_mask(kept, logits.shape[1])
+            temperature = self.cfg.rollout.temperature
+            lp = replay_log_probs(logits, mask, tokens, temperature)
+            rollout_lp = torch.tensor([x for t in turns for x in t["logprobs"]])
+            loss, s = policy_loss(lp, rollout_lp, advs, torch.ones_like(tokens, dtype=torch.bool),
+                                  clip_c=self.cfg.objective.clip_c, token_budget=budget)
             loss.backward()
+            n = len(tokens)
             with torch.no_grad():
-                from flywheel.rl.objective import kept_mask
-
-                mask = kept_mask(kept, logits.shape[1])
-                ent = replay_entropy(logits.detach(), mask, temperature)
-            n = len(gen)
-            totals["loss"] += float(loss.detach())
-            totals["entropy"] += float(ent.sum())
+                sums["entropy"] += float(replay_entropy(logits.detach(), mask, temperature).sum())
+            sums["loss"] += float(loss.detach())
             for key in ("is_weight_mean", "clip_frac", "kl_k3"):
-                totals[key] += s[key] * n
-            ratio_max = max(ratio_max, s["is_ratio_max"])
-            n_tokens += n
-        out = {"loss": totals["loss"], "train_tokens": float(n_tokens), "is_ratio_max": ratio_max}
+                sums[key] += s[key] * n
+            ratio_max, n_tokens = max(ratio_max, s["is_ratio_max"]), n_tokens + n
+        out = {"loss": sums["loss"], "train_tokens": float(n_tokens), "is_ratio_max": ratio_max}
         for key in ("entropy", "is_weight_mean", "clip_frac", "kl_k3"):
-            out[key] = totals[key] / n_tokens if n_tokens else 0.0
+            out[key] = sums[key] / n_tokens if n_tokens else 0.0
         return out
+
+    def _generated_logits(self, turns: list[dict[str, Any]]) -> torch.Tensor:
+        """Logits predicting each turn's generated tokens, concatenated: ``[Σ len(gen), V]`` float32.
+
+        One right-padded forward of the decoder over prompt + generated ids; the output head runs only at
+        the positions that predict generated tokens (the head of a large vocabulary is the costly part).
+        """
+        seqs = [t["prompt_ids"] + t["token_ids"] for t in turns]
+        ids = torch.zeros((len(seqs), max(map(len, seqs))), dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        rows, cols = [], []
+        for j, (seq, t) in enumerate(zip(seqs, turns, strict=True)):
+            ids[j, : len(seq)] = torch.tensor(seq)
+            attn[j, : len(seq)] = 1
+            start = len(t["prompt_ids"]) - 1
+            rows += [j] * len(t["token_ids"])
+            cols += range(start, start + len(t["token_ids"]))
+        hidden = self.model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state
+        return self.model.get_output_embeddings()(hidden[rows, cols]).float()
 
     # -- weights and checkpoints
 

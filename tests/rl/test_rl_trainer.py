@@ -1,0 +1,93 @@
+"""The trainer on real sampled completions of a tiny model: scoring, batched replay, the update's direction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flywheel.models.tiny import build_tiny_model
+from flywheel.models.torch_engine import load_torch_model
+from flywheel.protocols import Request
+from flywheel.rl.config import RunConfig
+from flywheel.rl.trainer import Trainer, score, token_batches
+
+TEXTS = ["<run_tests/>", "<view path=\"a.py\"/>", "def f(x):\n    return x + 1\n", "1 failed, 2 passed"] * 10
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", TEXTS, vocab_size=300, hidden=32, layers=2, heads=2)
+    return load_torch_model(f"hf:{path}", seed=0)
+
+
+def records_from(engine, prompts, success, effort="medium"):
+    reqs = [Request([{"role": "user", "content": p}], max_tokens=12, top_p=0.9, seed=i) for i, p in enumerate(prompts)]
+    out = []
+    for i, c in enumerate(engine.generate(reqs)):
+        turn = {"role": "assistant", "text": c.text, "prompt_ids": c.prompt_ids, "token_ids": c.token_ids,
+                "logprobs": c.logprobs, "kept": c.kept}
+        out.append({"id": f"t/{effort}/{i}", "task_id": "t", "effort": effort, "model": "hf:x", "turns": [turn],
+                    "n_turns": 1, "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens},
+                    "cost": 0.001, "success": success[i], "verdict": {"cheat": False}})
+    return out
+
+
+def test_score_is_reward_minus_length_weighted_baseline(engine):
+    records = records_from(engine, ["a", "b"], [True, False])
+    records[1]["verdict"] = {"cheat": True}
+    s = score(records, {"medium": 10.0}, "length_weighted", deterministic=False)
+    assert s[0]["reward"] == pytest.approx(1 - 10 * 0.001) and s[1]["reward"] == pytest.approx(-0.01)
+    lengths = [len(r["turns"][0]["token_ids"]) for r in records]
+    b = (s[0]["reward"] * lengths[0] + s[1]["reward"] * lengths[1]) / sum(lengths)
+    assert s[0]["advantage"] == pytest.approx(s[0]["reward"] - b)
+
+
+def test_batched_logits_match_one_forward_per_turn(engine):
+    records = records_from(engine, ["short", "a much longer prompt than the other one"], [True, False])
+    trainer = Trainer(engine.model, engine.tokenizer, RunConfig(), {})
+    turns = [r["turns"][0] for r in records]
+    batched = trainer._generated_logits(turns)
+    singles = []
+    for t in turns:
+        ids = torch.tensor([t["prompt_ids"] + t["token_ids"]])
+        singles.append(engine.model(input_ids=ids).logits[0, len(t["prompt_ids"]) - 1 : -1])
+    assert torch.allclose(batched, torch.cat(singles).float(), atol=1e-4)
+
+
+def test_a_step_raises_the_likelihood_of_the_rewarded_completion(engine):
+    cfg = RunConfig()
+    cfg.optim.kind, cfg.optim.lr = "adamw", 1e-2
+    state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    records = records_from(engine, ["x", "x"], [True, False])
+    trainer = Trainer(engine.model, engine.tokenizer, cfg, {"medium": 0.0})
+
+    def logp(record):
+        t = record["turns"][0]
+        with torch.no_grad():
+            logits = trainer._generated_logits([t])
+        return torch.log_softmax(logits, -1).gather(1, torch.tensor(t["token_ids"]).unsqueeze(1)).sum().item()
+
+    before = [logp(r) for r in records]
+    metrics = trainer.step(records)
+    after = [logp(r) for r in records]
+    assert trainer.version == 1 and metrics["success"] == 0.5 and metrics["grad_norm"] > 0
+    assert after[0] > before[0] and after[1] < before[1]
+    engine.model.load_state_dict(state)
+
+
+def test_zero_advantage_groups_change_nothing(engine):
+    state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    records = records_from(engine, ["x", "x"], [False, False])
+    for r in records:
+        r["turns"][0]["token_ids"] = r["turns"][0]["token_ids"][:3]
+        r["turns"][0]["logprobs"] = r["turns"][0]["logprobs"][:3]
+        r["turns"][0]["kept"] = r["turns"][0]["kept"][:3]
+    Trainer(engine.model, engine.tokenizer, RunConfig(), {"medium": 0.0}).step(records)
+    assert all(torch.equal(state[k], v) for k, v in engine.model.state_dict().items())
+
+
+def test_token_batches_respect_the_budget():
+    turns = [{"prompt_ids": [0] * n, "token_ids": [1] * 4} for n in (10, 200, 12, 11)]
+    batches = token_batches(turns, 64)
+    assert sorted(i for b in batches for i in b) == [0, 1, 2, 3]
+    assert [1] in batches and all(len(b) * 16 <= 64 for b in batches if 1 not in b)
