@@ -82,7 +82,7 @@ class TrainConfig:
     steps: int = 20
     checkpoint_every: int = 1
     trajectories: str = "lite"  # RUN_DIR/trajectories.jsonl: "lite" (no kept sets), "full" or "none"
-    threads: int = 0  # torch intra-op threads (0: leave torch's default)
+    threads: int = 1  # torch intra-op threads (0: torch's default); small models run fastest on one
     max_minutes: float = 0.0  # stop (and checkpoint) after the step that passes this wall time (0: no limit)
 
 

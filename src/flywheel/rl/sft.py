@@ -60,7 +60,7 @@ class SftTrainConfig:
     batch_size: int = 8
     max_len: int = 2048  # longer conversations are cut at the end
     warmup_steps: int = 20
-    threads: int = 0
+    threads: int = 1  # torch intra-op threads (0: torch's default)
 
 
 @dataclass
