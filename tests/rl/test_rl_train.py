@@ -43,7 +43,7 @@ def test_sft_writes_a_loadable_model_and_its_loss(base):
 
 
 def test_sft_learns_only_the_assistant_tokens():
-    from flywheel.models.tiny import wrap_tokenizer, train_tokenizer, CHAT_TEMPLATE
+    from flywheel.models.tiny import CHAT_TEMPLATE, train_tokenizer, wrap_tokenizer
 
     messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix it"},
                 {"role": "assistant", "content": "<run_tests/>"}, {"role": "user", "content": "1 failed"}]

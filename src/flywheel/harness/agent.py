@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flywheel.harness.actions import STOP, TOOLS, Action, FormatError, parse_native, parse_tagged, restore_stop
+from flywheel.harness.actions import (
+    STOP,
+    TOOLS,
+    Action,
+    FormatError,
+    parse_native,
+    parse_tagged,
+    restore_stop,
+)
 from flywheel.harness.cost import Pricing, pricing_for
 from flywheel.harness.effort import Effort
 from flywheel.harness.prompts import system_prompt, task_message

@@ -94,7 +94,7 @@ def _sites(fn: ast.FunctionDef, kind: str) -> Iterator[Site]:
                 block = getattr(node, field, None)
                 if not isinstance(block, list) or len(block) < 2 or not all(isinstance(b, ast.stmt) for b in block):
                     continue
-                for i, stmt in enumerate(block):
+                for stmt in block:
                     if not _is_docstring(stmt) and not isinstance(stmt, ast.Return):
                         yield stmt, _DROP, "statement dropped"
 
@@ -110,9 +110,9 @@ def _off_by_one(node: ast.AST) -> Iterator[Site]:
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range" and node.args:
         idx = len(node.args) - 1 if len(node.args) <= 2 else 1
         yield node, (lambda n, k=idx: n.args.__setitem__(k, ast.BinOp(n.args[k], ast.Sub(), ast.Constant(1)))), "range bound off by one"
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
-        if isinstance(node.right, ast.Constant) and node.right.value == 1:
-            yield node, (lambda n: n.left), "+/- 1 dropped"
+    if (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))
+            and isinstance(node.right, ast.Constant) and node.right.value == 1):
+        yield node, (lambda n: n.left), "+/- 1 dropped"
     if isinstance(node, ast.Subscript) and not isinstance(node.slice, (ast.Slice, ast.Constant, ast.Tuple)):
         yield node, (lambda n: setattr(n, "slice", ast.BinOp(n.slice, ast.Add(), ast.Constant(1)))), "index off by one"
     if isinstance(node, ast.Compare) and len(node.comparators) == 1 and isinstance(node.comparators[0], ast.Constant):

@@ -102,9 +102,9 @@ def describe(error: BaseException, tests: str) -> dict:
 def _statement(source: str, line: int) -> ast.stmt | None:
     best = None
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.With)):
-            if node.lineno <= line <= (node.end_lineno or node.lineno):
-                best = node
+        if (isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.With))
+                and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            best = node
     return best
 
 
