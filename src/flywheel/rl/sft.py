@@ -17,6 +17,7 @@ sometimes the right edit, which is where RL has room to work.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -77,7 +78,27 @@ class SftConfig:
 
 
 def collect(cfg: SftConfig) -> list[dict[str, Any]]:
-    """Teacher trajectories on the train split (not graded)."""
+    """Teacher trajectories on the train split (not graded), cached by the data config and seed.
+
+    The cache (`cache_dir()/sft-data/<key>.jsonl`) is written whole or not at all, so a run killed
+    during training restarts without collecting again.
+    """
+    from flywheel.rl.config import to_dict
+    from flywheel.tasks import cache_dir
+
+    key = hashlib.sha256(json.dumps([cfg.seed, to_dict(cfg.data)], sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_dir() / "sft-data" / f"{key}.jsonl"
+    if path.is_file():
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    records = _collect(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(path)
+    return records
+
+
+def _collect(cfg: SftConfig) -> list[dict[str, Any]]:
     from flywheel.harness import HarnessConfig
     from flywheel.models import get_model
     from flywheel.rl.rollout import efforts_for, make_specs, rollout
