@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--eval-tasks", type=int, default=40)
     ap.add_argument("--no-calibrate", action="store_true")
+    ap.add_argument("--cal-tasks", type=int, default=12, help="calibration tasks (train split)")
     ap.add_argument("--base-eval", help="results.json of an earlier run: reuse its base evaluation")
     ap.add_argument("--variant", action="append", default=[], help="KEY=VALUE config override (repeatable)")
     args = ap.parse_args()
@@ -98,7 +99,7 @@ def main() -> None:
         set_field(cfg, key, value)
     t0 = time.perf_counter()
     if not args.no_calibrate:
-        cal = run_calibration(cfg, out / "calibration", limit=12, samples=1)
+        cal = run_calibration(cfg, out / "calibration", limit=args.cal_tasks, samples=1)
         cfg.reward.calibration = str(out / "calibration" / "calibration.json")
         print("lambdas:", cal["lambdas"], flush=True)
     heldout = load_tasks(cfg, split=cfg.tasks.eval_split, limit=0)
