@@ -63,6 +63,17 @@ def test_messages_of_a_record_replays_the_conversation():
     assert messages_of(record)[-1]["content"] == "error: no action"
 
 
+def test_sft_does_not_learn_the_teachers_malformed_actions():
+    record = {"turns": [{"role": "system", "text": "s"}, {"role": "user", "text": "u"},
+                        {"role": "assistant", "text": "I will look first."},
+                        {"role": "tool", "name": "format_error", "text": "error: no action found"},
+                        {"role": "assistant", "text": "<run_tests/>"},
+                        {"role": "tool", "name": "run_tests", "text": "1 failed"}]}
+    text, spans = render_with_spans(messages_of(record))
+    assert "I will look first." in text  # still context: the model sees the recovery
+    assert [text[a:b] for a, b in spans] == ["<run_tests/><|im_end|>"]
+
+
 def test_deterministic_runs_are_byte_identical_and_resume_continues_the_same(base, tmp_path):
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     rows = train(quick(base), a)

@@ -124,21 +124,28 @@ def _collect(cfg: SftConfig) -> list[dict[str, Any]]:
                        on_record=lambda r: advance())
 
 
-def messages_of(record: dict[str, Any]) -> list[dict[str, str]]:
-    """The conversation the model saw in a tagged-format trajectory (observations come back as user turns)."""
-    out = []
+def messages_of(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation the model saw in a tagged-format trajectory (observations come back as user turns).
+
+    An assistant turn the harness answered with a format error stays in the context but is marked
+    `learn: False`: the base should see the teacher recover from a malformed action, not learn to write one.
+    """
+    out: list[dict[str, Any]] = []
     for t in record["turns"]:
         if t["role"] in ("system", "user", "assistant"):
             out.append({"role": t["role"], "content": t["text"]})
         elif t["role"] == "tool" and t.get("name") != "compaction":
+            if t.get("name") == "format_error" and out and out[-1]["role"] == "assistant":
+                out[-1]["learn"] = False
             out.append({"role": "user", "content": t["text"]})
     return out
 
 
-def render_with_spans(messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+def render_with_spans(messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
     """ChatML text of `messages` (the tiny model's template) and the character spans to learn.
 
-    A span covers an assistant message's content and the `<|im_end|>` that closes it.
+    A span covers an assistant message's content and the `<|im_end|>` that closes it, unless the message
+    is marked `learn: False`.
     """
     from flywheel.models.tiny import IM_END, IM_START
 
@@ -147,7 +154,7 @@ def render_with_spans(messages: list[dict[str, str]]) -> tuple[str, list[tuple[i
         text += f"{IM_START}{m['role']}\n"
         start = len(text)
         text += f"{m['content']}{IM_END}"
-        if m["role"] == "assistant":
+        if m["role"] == "assistant" and m.get("learn", True):
             spans.append((start, len(text)))
         text += "\n"
     return text, spans
