@@ -53,3 +53,15 @@ def test_refuses_non_empty_dir_and_bad_shape(tmp_path):
     with pytest.raises(FlywheelError, match="divisible"):
         build_tiny_model(tmp_path / "x", TEXTS, hidden=30, heads=4)
     assert not (tmp_path / "x").exists()
+
+
+def test_max_token_chars_spells_repeated_names_in_shared_pieces():
+    from flywheel.models.tiny import train_tokenizer
+
+    texts = ["view csvline.py then edit csvline.py\n"] * 50 + ["ledger.py holds the ledger\n"]
+    whole = train_tokenizer(texts, 400)
+    capped = train_tokenizer(texts, 400, max_token_chars=3)
+    assert whole.encode(" csvline.py").tokens[0] == "Ġcsvline"
+    pieces = capped.encode(" csvline.py").tokens
+    assert len(pieces) > 3 and all(len(p.lstrip("Ġ")) <= 3 for p in pieces)
+    assert capped.decode(capped.encode("csvline.py ledger.py").ids) == "csvline.py ledger.py"

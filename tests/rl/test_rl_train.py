@@ -40,6 +40,15 @@ def test_sft_writes_a_loadable_model_and_its_loss(base):
     assert engine.tokenizer.eos_token == "<|im_end|>"
 
 
+def test_an_sft_base_is_evaluated_under_the_harness_it_learned(base):
+    from flywheel.rl.sft import trained_harness
+
+    info = json.loads((base / "sft_config.json").read_text())
+    assert trained_harness(f"hf:{base}") == {"action_format": "tagged",
+                                             "observation_chars": info["config"]["data"]["observation_chars"]}
+    assert trained_harness("scripted") == {} and trained_harness(f"hf:{base / 'missing'}") == {}
+
+
 def test_sft_learns_only_the_assistant_tokens():
     from flywheel.models.tiny import CHAT_TEMPLATE, train_tokenizer, wrap_tokenizer
 
@@ -51,6 +60,10 @@ def test_sft_learns_only_the_assistant_tokens():
     ids, target = encode(tok, messages, 10_000)
     learned = tok.decode([i for i, t in zip(ids, target, strict=True) if t])
     assert learned == "<run_tests/><|im_end|>"
+    ids, weights = encode(tok, messages, 10_000, context_weight=0.25)
+    read = tok.decode([i for i, w in zip(ids, weights, strict=True) if w == 0.25])
+    assert read == "sys<|im_end|>fix it<|im_end|>1 failed<|im_end|>"
+    assert tok.decode([i for i, w in zip(ids, weights, strict=True) if w == 1.0]) == learned
 
 
 def test_messages_of_a_record_replays_the_conversation():
@@ -136,3 +149,24 @@ def test_recuration_drops_always_solved_and_never_solved_tasks_and_keeps_unmeasu
     assert [t.id for t in curated(tasks, history, cfg, step=3)] == ["some", "new"]
     cfg.tasks.recurate_every = 0
     assert len(curated(tasks, history, cfg, step=3)) == 4
+
+
+def test_weighted_loss_is_the_action_loss_when_context_weighs_nothing(tmp_path):
+    import torch
+
+    from flywheel.models.tiny import build_tiny_model
+    from flywheel.models.torch_engine import load_torch_model
+    from flywheel.rl.sft import collate, weighted_loss
+
+    messages = [{"role": "user", "content": "fix add.py"}, {"role": "assistant", "content": "<view path=\"add.py\"/>"},
+                {"role": "user", "content": "1| def add(a, b):"}, {"role": "assistant", "content": "<submit/>"}]
+    build_tiny_model(tmp_path / "m", [render_with_spans(messages)[0]] * 4, vocab_size=300, hidden=32, layers=1, heads=2)
+    engine = load_torch_model(f"hf:{tmp_path / 'm'}")
+    ids, mask, weights = collate([encode(engine.tokenizer, messages, 512)], engine.tokenizer.pad_token_id)
+    labels = torch.where(weights == 1.0, ids, torch.full_like(ids, -100))
+    reference = engine.model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    objective, action = weighted_loss(engine.model, ids, mask, weights)
+    assert torch.allclose(objective, reference, atol=1e-5) and torch.allclose(action, reference, atol=1e-5)
+    ids, mask, weights = collate([encode(engine.tokenizer, messages, 512, 0.5)], engine.tokenizer.pad_token_id)
+    objective, action = weighted_loss(engine.model, ids, mask, weights)
+    assert torch.allclose(action, reference, atol=1e-5) and not torch.allclose(objective, reference, atol=1e-3)

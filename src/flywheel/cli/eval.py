@@ -34,7 +34,12 @@ def eval_(
     tasks = tasks[:limit] if limit else tasks
     opts = {"base_url": base_url} if model.startswith("openai:") else {}
     policy = get_model(model, seed=seed, **opts) if model.startswith("scripted") else get_model(model, **opts)
-    cfg = HarnessConfig(temperature=temperature, top_p=top_p)
+    learned = {}
+    if model.startswith("hf:"):  # a `flywheel sft` base is evaluated under the harness settings it learned
+        from flywheel.rl.sft import trained_harness
+
+        learned = trained_harness(model)
+    cfg = HarnessConfig(temperature=temperature, top_p=top_p, **learned)
     wins = []
     with progress(f"eval {model}", len(tasks)) as advance:
 

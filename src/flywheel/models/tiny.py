@@ -42,8 +42,12 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int):
-    """A byte-level BPE `tokenizers.Tokenizer` trained on `texts` (special tokens get ids 0, 1, 2)."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int, max_token_chars: int = 0):
+    """A byte-level BPE `tokenizers.Tokenizer` trained on `texts` (special tokens get ids 0, 1, 2).
+
+    `max_token_chars` > 0 caps a merged token's length, so that names the texts repeat (a module's) are
+    spelled in pieces that other names share instead of becoming one token of their own.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -54,6 +58,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int):
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
+        max_token_length=max_token_chars or None,
     )
     tok.train_from_iterator(list(texts), trainer=trainer)
     return tok
@@ -103,6 +108,7 @@ def build_tiny_model(
     max_positions: int = 2048,
     seed: int = 0,
     chat_template: str = CHAT_TEMPLATE,
+    max_token_chars: int = 0,
 ) -> Path:
     """Train a tokenizer on `texts`, initialise a tiny Llama with `seed`, save both to `out_dir` (HF format).
 
@@ -115,7 +121,7 @@ def build_tiny_model(
         raise FlywheelError(f"{out}: refusing to build a model into a non-empty directory")
     if hidden % heads:
         raise FlywheelError(f"hidden size {hidden} is not divisible by {heads} heads")
-    tokenizer = wrap_tokenizer(train_tokenizer(texts, vocab_size), chat_template)
+    tokenizer = wrap_tokenizer(train_tokenizer(texts, vocab_size, max_token_chars), chat_template)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     config = tiny_config(len(tokenizer), hidden, layers, heads, ids, max_positions)
     with torch.random.fork_rng(devices=[]):

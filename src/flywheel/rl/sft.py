@@ -5,7 +5,10 @@
    length and cost, like a real model's. Attempts are not graded (the oracle is right by construction).
 2. Tokenizer: a byte-level BPE trained on the collected conversations (`flywheel.models.tiny`).
 3. Model: a small Llama initialised from the seed, trained with next-token loss on the assistant's tokens
-   only (the action text and the `<|im_end|>` after it); the rest of the conversation is context.
+   (the action text and the `<|im_end|>` after it). The rest of the conversation is context: weight 0 by
+   default, or `train.context_weight`, which also trains the model on the code and test output it reads
+   (language modelling on text that repeats, e.g. a file in a `view` and again in a traceback, is how a
+   model learns to copy from its context, which every edit needs). The log reports the action loss.
 
 The conversation is rendered exactly as the engine will render it at rollout time (the model's ChatML
 template, observations clipped to the same length), so imitation and rollouts see the same text. The
@@ -52,6 +55,7 @@ class SftModelConfig:
     layers: int = 4
     heads: int = 4
     max_positions: int = 2048
+    max_token_chars: int = 0  # longest tokenizer token in characters (0: no limit)
 
 
 @dataclass
@@ -60,6 +64,7 @@ class SftTrainConfig:
     lr: float = 3e-3
     batch_size: int = 8
     max_len: int = 2048  # longer conversations are cut at the end
+    context_weight: float = 0.0  # loss weight of the tokens the model reads (tool output, task), actions weigh 1
     warmup_steps: int = 20
     threads: int = 1  # torch intra-op threads (0: torch's default)
 
@@ -124,6 +129,19 @@ def _collect(cfg: SftConfig) -> list[dict[str, Any]]:
                        on_record=lambda r: advance())
 
 
+def trained_harness(spec: str) -> dict[str, Any]:
+    """The harness settings an `hf:PATH` base made by `flywheel sft` learned under ({} for other models).
+
+    A base trained on observations clipped to 1,500 characters must be evaluated on the same clipping:
+    the 4,000-character default shows it conversations unlike any it has seen.
+    """
+    info = Path(spec[3:]) / "sft_config.json" if spec.startswith("hf:") else None
+    if info is None or not info.is_file():
+        return {}
+    data = json.loads(info.read_text())["config"]["data"]
+    return {"action_format": "tagged", "observation_chars": int(data["observation_chars"])}
+
+
 def messages_of(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The conversation the model saw in a tagged-format trajectory (observations come back as user turns).
 
@@ -147,26 +165,42 @@ def render_with_spans(messages: list[dict[str, Any]]) -> tuple[str, list[tuple[i
     A span covers an assistant message's content and the `<|im_end|>` that closes it, unless the message
     is marked `learn: False`.
     """
+    text, learned, _ = _render(messages)
+    return text, learned
+
+
+def _render(messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
+    """(text, learned spans, context spans): context is what the model reads but never writes (the system
+    prompt, the task, tool output)."""
     from flywheel.models.tiny import IM_END, IM_START
 
-    text, spans = "", []
+    text, learned, context = "", [], []
     for m in messages:
         text += f"{IM_START}{m['role']}\n"
         start = len(text)
         text += f"{m['content']}{IM_END}"
-        if m["role"] == "assistant" and m.get("learn", True):
-            spans.append((start, len(text)))
+        if m["role"] != "assistant":
+            context.append((start, len(text)))
+        elif m.get("learn", True):
+            learned.append((start, len(text)))
         text += "\n"
-    return text, spans
+    return text, learned, context
 
 
-def encode(tokenizer, messages: list[dict[str, str]], max_len: int) -> tuple[list[int], list[bool]]:
-    """Token ids of the conversation and, per token, whether it is a target (inside an assistant span)."""
-    text, spans = render_with_spans(messages)
+def encode(tokenizer, messages: list[dict[str, str]], max_len: int,
+           context_weight: float = 0.0) -> tuple[list[int], list[float]]:
+    """Token ids of the conversation and each token's loss weight: 1 inside an assistant span to learn,
+    `context_weight` inside the context, 0 elsewhere (role headers, the teacher's malformed actions)."""
+    text, learned, context = _render(messages)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    target = [any(a <= s < b for a, b in spans) for s, _ in offsets]
-    return ids[:max_len], target[:max_len]
+
+    def weight(s: int) -> float:
+        if any(a <= s < b for a, b in learned):
+            return 1.0
+        return context_weight if any(a <= s < b for a, b in context) else 0.0
+
+    return ids[:max_len], [weight(s) for s, _ in offsets][:max_len]
 
 
 # ------------------------------------------------------------------------------------------ training
@@ -180,17 +214,27 @@ def batches(examples: list[tuple[list[int], list[bool]]], batch_size: int, rng: 
     return groups
 
 
-def collate(examples: list[tuple[list[int], list[bool]]], pad_id: int):
+def collate(examples: list[tuple[list[int], list[float]]], pad_id: int):
+    """(ids, attention mask, loss weights) of a padded batch; padding weighs 0."""
     width = max(len(ids) for ids, _ in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), -100, dtype=torch.long)
     mask = torch.zeros((len(examples), width), dtype=torch.long)
-    for j, (seq, target) in enumerate(examples):
-        t = torch.tensor(seq)
-        ids[j, : len(seq)] = t
+    weights = torch.zeros((len(examples), width))
+    for j, (seq, w) in enumerate(examples):
+        ids[j, : len(seq)] = torch.tensor(seq)
         mask[j, : len(seq)] = 1
-        labels[j, : len(seq)] = torch.where(torch.tensor(target), t, torch.full_like(t, -100))
-    return ids, mask, labels
+        weights[j, : len(seq)] = torch.tensor(w)
+    return ids, mask, weights
+
+
+def weighted_loss(model, ids, mask, weights) -> tuple[torch.Tensor, torch.Tensor]:
+    """(objective, target loss): next-token cross-entropy averaged with `weights` over the predicted
+    tokens, and the same restricted to the weight-1 tokens (the actions; what the log reports)."""
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
+    w = weights[:, 1:].flatten()
+    target = (w == 1.0).float()
+    return (ce * w).sum() / w.sum().clamp(min=1e-9), (ce * target).sum().detach() / target.sum().clamp(min=1)
 
 
 def lr_at(step: int, total: int, warmup: int, lr: float) -> float:
@@ -213,17 +257,18 @@ def train_model(model, tokenizer, examples, cfg: SftConfig, log) -> None:
             for group in batches(examples, cfg.train.batch_size, rng):
                 if step >= total:
                     break
-                ids, mask, labels = collate([examples[i] for i in group], tokenizer.pad_token_id)
+                ids, mask, weights = collate([examples[i] for i in group], tokenizer.pad_token_id)
                 for g in opt.param_groups:
                     g["lr"] = lr_at(step, total, cfg.train.warmup_steps, cfg.train.lr)
-                loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+                objective, loss = weighted_loss(model, ids, mask, weights)
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                objective.backward()
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 step += 1
-                log({"step": step, "loss": round(float(loss.detach()), 5), "grad_norm": round(float(norm), 4)})
-                advance(loss=float(loss.detach()))
+                log({"step": step, "loss": round(float(loss), 5), "objective": round(float(objective.detach()), 5),
+                     "grad_norm": round(float(norm), 4)})
+                advance(loss=float(loss))
     model.eval()
 
 
@@ -245,10 +290,10 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     m = cfg.model
     build_tiny_model(work, texts, vocab_size=m.vocab_size, hidden=m.hidden, layers=m.layers, heads=m.heads,
-                     max_positions=m.max_positions, seed=cfg.seed)
+                     max_positions=m.max_positions, seed=cfg.seed, max_token_chars=m.max_token_chars)
     engine = load_torch_model(f"hf:{work}")
     model, tokenizer = engine.model, engine.tokenizer
-    examples = [encode(tokenizer, conv, cfg.train.max_len) for conv in conversations]
+    examples = [encode(tokenizer, conv, cfg.train.max_len, cfg.train.context_weight) for conv in conversations]
     lines: list[str] = []
     torch.manual_seed(cfg.seed)
     train_model(model, tokenizer, examples, cfg, lambda row: lines.append(json.dumps(row)))
