@@ -32,8 +32,10 @@ def quick(base: Path, steps: int = 2) -> RunConfig:
 def test_sft_writes_a_loadable_model_and_its_loss(base):
     info = json.loads((base / "sft_config.json").read_text())
     assert info["episodes"] == 6 and info["tokens"] > 0
-    losses = [json.loads(line)["loss"] for line in (base / "sft_metrics.jsonl").read_text().splitlines()]
-    assert losses and all(loss > 0 for loss in losses)
+    rows = [json.loads(line) for line in (base / "sft_metrics.jsonl").read_text().splitlines()]
+    assert [r["copy_step"] for r in rows if "copy_step" in r] == [1, 2, 3]  # copy pretraining comes first
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert losses and all(loss > 0 for loss in losses) and "copy_step" in rows[0]
     from flywheel.models.torch_engine import load_torch_model
 
     engine = load_torch_model(f"hf:{base}")
@@ -170,3 +172,18 @@ def test_weighted_loss_is_the_action_loss_when_context_weighs_nothing(tmp_path):
     ids, mask, weights = collate([encode(engine.tokenizer, messages, 512, 0.5)], engine.tokenizer.pad_token_id)
     objective, action = weighted_loss(engine.model, ids, mask, weights)
     assert torch.allclose(action, reference, atol=1e-5) and not torch.allclose(objective, reference, atol=1e-3)
+
+
+def test_a_copy_example_learns_only_the_predictable_part_of_the_repeat():
+    import random
+
+    from flywheel.rl.sft import copy_example
+
+    stream = list(range(1000, 1300))
+    for seed in range(20):
+        ids, weights = copy_example(stream, random.Random(seed))
+        window, repeat = ids[:200], ids[200:]
+        assert window == stream[window[0] - 1000 : window[0] - 1000 + 200] and 8 <= len(repeat) <= 40
+        start = window.index(repeat[0])
+        assert window[start : start + len(repeat)] == repeat  # the repeat is a span of the window
+        assert weights == [0.0] * 202 + [1.0] * (len(repeat) - 2)
