@@ -187,3 +187,15 @@ def test_a_copy_example_learns_only_the_predictable_part_of_the_repeat():
         start = window.index(repeat[0])
         assert window[start : start + len(repeat)] == repeat  # the repeat is a span of the window
         assert weights == [0.0] * 202 + [1.0] * (len(repeat) - 2)
+
+
+def test_sft_refuses_a_context_weight_the_actions_cannot_outweigh(tmp_path, capsys):
+    from flywheel.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train]\ncontext_weight = 1.0\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["sft", str(bad), "--out", str(tmp_path / "base")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "train.context_weight" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "base").exists()

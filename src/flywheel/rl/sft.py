@@ -242,6 +242,15 @@ def weighted_loss(model, ids, mask, weights) -> tuple[torch.Tensor, torch.Tensor
     return (ce * w).sum() / w.sum().clamp(min=1e-9), (ce * target).sum().detach() / target.sum().clamp(min=1)
 
 
+def _optimize(model, opt, objective: torch.Tensor) -> torch.Tensor:
+    """One optimizer step on `objective`, gradients clipped to norm 1; returns the norm before clipping."""
+    opt.zero_grad(set_to_none=True)
+    objective.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return norm
+
+
 def lr_at(step: int, total: int, warmup: int, lr: float) -> float:
     """Linear warmup, then cosine decay to 10% of `lr`."""
     if step < warmup:
@@ -266,10 +275,7 @@ def train_model(model, tokenizer, examples, cfg: SftConfig, log) -> None:
                 for g in opt.param_groups:
                     g["lr"] = lr_at(step, total, cfg.train.warmup_steps, cfg.train.lr)
                 objective, loss = weighted_loss(model, ids, mask, weights)
-                opt.zero_grad(set_to_none=True)
-                objective.backward()
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
+                norm = _optimize(model, opt, objective)
                 step += 1
                 log({"step": step, "loss": round(float(loss), 5), "objective": round(float(objective.detach()), 5),
                      "grad_norm": round(float(norm), 4)})
@@ -303,10 +309,7 @@ def pretrain_copy(model, tokenizer, streams: list[list[int]], cfg: SftConfig, lo
                 g["lr"] = lr_at(step, steps, t.warmup_steps, t.lr)
             batch = [copy_example(rng.choice(streams), rng) for _ in range(t.copy_batch_size)]
             objective, _ = weighted_loss(model, *collate(batch, tokenizer.pad_token_id))
-            opt.zero_grad(set_to_none=True)
-            objective.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            _optimize(model, opt, objective)
             log({"copy_step": step + 1, "copy_loss": round(float(objective.detach()), 5)})
             advance(loss=float(objective.detach()))
 
@@ -319,6 +322,9 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FlywheelError(f"{out}: exists and is not empty; choose another --out")
+    if not 0 <= cfg.train.context_weight < 1:
+        raise FlywheelError(f"train.context_weight = {cfg.train.context_weight}: must be at least 0 and below 1 "
+                            "(the actions weigh 1)")
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     t0 = time.perf_counter()
@@ -336,8 +342,7 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
     lines: list[str] = []
     torch.manual_seed(cfg.seed)
     if cfg.train.copy_steps:
-        streams = [tokenizer(render_with_spans(conv)[0], add_special_tokens=False)["input_ids"] for conv in conversations]
-        pretrain_copy(model, tokenizer, streams, cfg, lambda row: lines.append(json.dumps(row)))
+        pretrain_copy(model, tokenizer, [ids for ids, _ in examples], cfg, lambda row: lines.append(json.dumps(row)))
     train_model(model, tokenizer, examples, cfg, lambda row: lines.append(json.dumps(row)))
     model.save_pretrained(work)
     (work / "sft_metrics.jsonl").write_text("\n".join(lines) + "\n")
