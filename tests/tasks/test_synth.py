@@ -194,7 +194,11 @@ def test_real_runs_that_time_out_or_break_collection_are_dropped(tmp_path):
 def test_synth_command_writes_gradable_tasks(tmp_path):
     src = write_project(tmp_path / "calc-1.0")
     out = tmp_path / "out"
-    r = flywheel("tasks", "synth", "--from-dir", src, "--out", out, "--max", "3", "--seed", "0")
+    # A generous per-candidate limit: on a loaded machine the default (3x the baseline + 5 s) can drop a
+    # slow candidate as a timeout, and the round-robin check below would then see a repeated function.
+    r = flywheel(
+        "tasks", "synth", "--from-dir", src, "--out", out, "--max", "3", "--seed", "0", "--timeout", "120"
+    )
     assert r.returncode == 0, r.stderr
     report = json.loads((out / "synth.json").read_text())
     assert report["kept"] == 3 and report["baseline_passing"] == 8 and report["baseline_tests"] == 9
