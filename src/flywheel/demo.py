@@ -33,6 +33,15 @@ def configs_dir() -> Path:
     return here
 
 
+_START = time.perf_counter()
+
+
+def stage(n: int, text: str) -> None:
+    """`[n/7] text`, stamped with the minutes and seconds since the demo started."""
+    elapsed = int(time.perf_counter() - _START)
+    print(f"[{n}/7 {elapsed // 60:2d}:{elapsed % 60:02d}] {text}", flush=True)
+
+
 def cached_base(sft_config: Path) -> Path:
     """The SFT base for `sft_config`, built once into the cache (keyed by the config's bytes)."""
     from flywheel.rl.config import load_config
@@ -42,10 +51,10 @@ def cached_base(sft_config: Path) -> Path:
     key = hashlib.sha256(sft_config.read_bytes()).hexdigest()[:12]
     path = cache_dir() / "bases" / f"sft-{key}"
     if not (path / "sft_config.json").is_file():
-        print(f"[2/7] training the base policy ({sft_config}) into {path} ...", flush=True)
+        stage(2, f"training the base policy ({sft_config}) into {path} ...")
         run_sft(load_config(sft_config, SftConfig), path)
     else:
-        print(f"[2/7] base policy: {path} (cached)", flush=True)
+        stage(2, f"base policy: {path} (cached)")
     return path
 
 
@@ -83,32 +92,32 @@ def main() -> None:
     from flywheel.rl.train import load_tasks, setup_torch, train
     from flywheel.tasks import load_suite
 
-    t0 = time.perf_counter()
     configs = configs_dir()
     out = Path("runs/demo")
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
+    stage(1, "toybugs suite (built on first use, a few minutes) ...")
     train_tasks = load_suite("toybugs", split="train")
-    print(f"[1/7] toybugs: {len(train_tasks)} train tasks, {len(load_suite('toybugs', split='heldout'))} held-out", flush=True)
+    stage(1, f"toybugs: {len(train_tasks)} train tasks, {len(load_suite('toybugs', split='heldout'))} held-out")
     base = cached_base(configs / "sft.toml")
     cfg = load_config(configs / "demo.toml")
     cfg.model.path = str(base)
     cfg.train.steps = int(os.environ.get("FLYWHEEL_DEMO_STEPS", cfg.train.steps))
     n_eval = int(os.environ.get("FLYWHEEL_DEMO_TASKS", "24"))
-    print("[3/7] calibrating λ per effort level ...", flush=True)
+    stage(3, "calibrating λ per effort level ...")
     cal = run_calibration(cfg, out / "calibration", limit=8, samples=1)
     cfg.reward.calibration = str(out / "calibration" / "calibration.json")
     print("      λ = " + ", ".join(f"{e}: {v:.1f}" for e, v in cal["lambdas"].items()), flush=True)
     heldout = load_tasks(cfg, split=cfg.tasks.eval_split, limit=0)
     heldout = heldout[:: max(1, len(heldout) // n_eval)][:n_eval]
     setup_torch(cfg)
-    print(f"[4/7] evaluating the base on {len(heldout)} held-out tasks ...", flush=True)
+    stage(4, f"evaluating the base on {len(heldout)} held-out tasks ...")
     engine = load_torch_model(f"hf:{base}", max_context=cfg.model.max_context, seed=cfg.seed)
     before = evaluate_policy(engine, heldout, cfg, out / "eval-base")
-    print(f"[5/7] training for {cfg.train.steps} steps ...", flush=True)
+    stage(5, f"training for {cfg.train.steps} steps ...")
     train(cfg, out / "train")
     latest = sorted((out / "train" / "checkpoints").glob("step-*"))[-1]
-    print("[6/7] evaluating the trained policy ...", flush=True)
+    stage(6, "evaluating the trained policy ...")
     engine = load_torch_model(f"hf:{latest}", max_context=cfg.model.max_context, seed=cfg.seed)
     after = evaluate_policy(engine, heldout, cfg, out / "eval-trained")
     (out / "results.json").write_text(json.dumps({"base": before, "trained": after}, indent=1) + "\n")
@@ -117,7 +126,7 @@ def main() -> None:
     for name, data in (("base", before), ("trained", after)):
         for effort, summary in data.items():
             print(row(name, effort, summary))
-    print(f"\nruns/demo/: calibration/, train/ (metrics.jsonl), results.json, pareto.png — {time.perf_counter() - t0:.0f} s")
+    print(f"\nruns/demo/: calibration/, train/ (metrics.jsonl), results.json, pareto.png — {time.perf_counter() - _START:.0f} s")
 
 
 if __name__ == "__main__":

@@ -116,7 +116,8 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
 
     bad = tmp_path / "bad.toml"
     for body, needle in [("[optim]\nlr = 'fast'\n", "'lr'"), ("[rollout]\nsteps = 3\n", "'steps'"),
-                         ("[model]\npath = '/nope'\n", "[model] path"), ("[optim]\nkind = 'sgd'\n", "[optim] kind")]:
+                         ("[model]\npath = '/nope'\n", "[model] path"), ("[optim]\nkind = 'sgd'\n", "[optim] kind"),
+                         ("[objective]\npack_tokens = 0\n", "[objective] pack_tokens")]:
         bad.write_text(body)
         with pytest.raises(SystemExit) as exit_:
             main(["train", str(bad), "--out", str(tmp_path / "r")])

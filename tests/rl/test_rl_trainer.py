@@ -91,3 +91,39 @@ def test_token_batches_respect_the_budget():
     batches = token_batches(turns, 64)
     assert sorted(i for b in batches for i in b) == [0, 1, 2, 3]
     assert [1] in batches and all(len(b) * 16 <= 64 for b in batches if 1 not in b)
+
+
+def single_logits(engine, t):
+    ids = torch.tensor([t["prompt_ids"] + t["token_ids"]])
+    return engine.model(input_ids=ids).logits[0, len(t["prompt_ids"]) - 1 : -1].float()
+
+
+def test_packed_logits_match_one_forward_per_turn(engine):
+    """Shared prompts (a group) and a turn that extends another (an episode's next turn) share trie nodes,
+    and still every generated token is predicted from exactly its own prefix."""
+    records = records_from(engine, ["x", "x", "x", "another prompt"], [True, False, True, False])
+    turns = [r["turns"][0] for r in records]
+    first = turns[0]
+    turns.append({"prompt_ids": first["prompt_ids"] + first["token_ids"] + [5, 6, 7], "token_ids": [8, 9, 10]})
+    trainer = Trainer(engine.model, engine.tokenizer, RunConfig(), {})
+    packed = trainer._packed_logits(turns)
+    with torch.no_grad():
+        expected = torch.cat([single_logits(engine, t) for t in turns])
+    assert packed.shape == expected.shape
+    assert torch.allclose(packed, expected, atol=1e-4)
+
+
+def test_packed_and_padded_steps_give_the_same_update(engine):
+    state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    records = records_from(engine, ["x", "x", "y", "y"], [True, False, False, True])
+    after = {}
+    for pack in (True, False):
+        cfg = RunConfig()
+        cfg.optim.kind, cfg.optim.lr, cfg.objective.pack = "adamw", 1e-2, pack
+        engine.model.load_state_dict(state)
+        metrics = Trainer(engine.model, engine.tokenizer, cfg, {"medium": 0.0}).step(records)
+        after[pack] = ({k: v.clone() for k, v in engine.model.state_dict().items()}, metrics)
+    engine.model.load_state_dict(state)
+    assert after[True][1]["grad_norm"] == pytest.approx(after[False][1]["grad_norm"], rel=1e-4)
+    assert after[True][1]["loss"] == pytest.approx(after[False][1]["loss"], rel=1e-4, abs=1e-7)
+    assert all(torch.allclose(after[True][0][k], after[False][0][k], atol=1e-5) for k in state)

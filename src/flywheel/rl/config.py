@@ -64,7 +64,9 @@ class ObjectiveConfig:
     replay: bool = True  # renormalise over the sampler's top-p kept set (False: full softmax)
     clip_c: float = 2.0  # truncation of the importance weight
     token_budget: int = 0  # the constant N of the loss normalisation (0: rollouts per step × 256)
-    batch_tokens: int = 16384  # padded tokens per trainer forward pass
+    batch_tokens: int = 16384  # padded tokens per trainer forward pass (pack = false)
+    pack: bool = True  # share common prefixes of the replayed turns in one tree-masked sequence
+    pack_tokens: int = 4096  # distinct tokens per packed forward pass (pack = true)
 
 
 @dataclass

@@ -80,6 +80,8 @@ def check(cfg: RunConfig) -> None:
     for key in ("tasks_per_step", "group_size", "concurrency"):
         if getattr(cfg.rollout, key) < 1:
             raise FlywheelError(f"[rollout] {key} must be >= 1")
+    if cfg.objective.pack_tokens < 1 or cfg.objective.batch_tokens < 1:
+        raise FlywheelError("[objective] pack_tokens and batch_tokens must be >= 1")
     if cfg.train.steps < 0 or cfg.train.checkpoint_every < 1:
         raise FlywheelError("[train] steps must be >= 0 and checkpoint_every >= 1")
     if cfg.train.trajectories not in ("lite", "full", "none"):

@@ -5,15 +5,18 @@
 1. reward ``R_i = S_i - λ_e·C_i`` per rollout (`objective.reward`, C from `rollout.reward_cost`);
 2. advantages within each (task, effort) group, against the length-weighted baseline (or the group mean);
 3. for every assistant turn that carries its sampled tokens, a forward pass over the turn's exact prompt
-   and generated ids (turns of similar length share one right-padded batch); the generated tokens' log-probabilities are replayed over the sampler's top-p kept
+   and generated ids (packed, see below); the generated tokens' log-probabilities are replayed over the sampler's top-p kept
    sets (`replay=True`) or over the full vocabulary (`replay=False`, the ablation), both at the sampling
    temperature;
 4. the truncated-importance-weighted loss of `objective.policy_loss`, summed over all turns and divided by
    one constant token budget, so every generated token weighs the same in every step (see the objective's
    docstring for why); gradients accumulate turn by turn, then are clipped and the optimizer steps.
 
-A turn costs a forward pass of its whole prompt: turns are not packed into one sequence because the
-prompt of turn k+1 is a re-rendering of the conversation, not guaranteed to extend turn k's token ids.
+The forward passes are packed (`objective.pack`, on by default): the turns' ``prompt + generated`` ids go
+into a prefix tree (`flywheel.rl.pack`), and one tree-masked forward computes each shared prefix once, the
+group's common prompt and an episode's earlier turns alike. Sharing is by exact token ids, so a turn whose
+prompt re-renders the conversation differently from the ids generated before simply shares less. With
+``pack = false`` each turn is its own right-padded row (turns of similar length share a batch).
 Rollouts whose advantage is exactly zero carry no gradient and are skipped.
 
 The model is shared with the rollout engine, which always generates from the current parameters, so the
@@ -44,6 +47,7 @@ from flywheel.rl.objective import (
     reward,
 )
 from flywheel.rl.optim import build_optimizer
+from flywheel.rl.pack import PrefixPack, pack_groups
 from flywheel.rl.rollout import reward_cost
 
 TURN_TOKENS = 256  # default per-rollout share of the token budget
@@ -121,10 +125,15 @@ class Trainer:
         """Backward of the loss over every turn in `work`, in padded batches; returns the step's statistics."""
         sums = {"loss": 0.0, "entropy": 0.0, "is_weight_mean": 0.0, "clip_frac": 0.0, "kl_k3": 0.0}
         ratio_max, n_tokens = 0.0, 0
-        for batch in token_batches([t for t, _ in work], self.cfg.objective.batch_tokens):
+        obj = self.cfg.objective
+        if obj.pack:
+            batches = pack_groups([t["prompt_ids"] + t["token_ids"] for t, _ in work], obj.pack_tokens)
+        else:
+            batches = token_batches([t for t, _ in work], obj.batch_tokens)
+        for batch in batches:
             turns = [work[i][0] for i in batch]
             advs = torch.cat([torch.full((len(t["token_ids"]),), work[i][1]) for i, t in zip(batch, turns, strict=True)])
-            logits = self._generated_logits(turns)
+            logits = self._packed_logits(turns) if obj.pack else self._generated_logits(turns)
             tokens = torch.tensor([x for t in turns for x in t["token_ids"]])
             kept = [k for t in turns for k in (t["kept"] if self.cfg.objective.replay else [None] * len(t["token_ids"]))]
             mask = kept_mask(kept, logits.shape[1])
@@ -164,6 +173,21 @@ class Trainer:
             cols += range(start, start + len(t["token_ids"]))
         hidden = self.model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state
         return self.model.get_output_embeddings()(hidden[rows, cols]).float()
+
+    def _packed_logits(self, turns: list[dict[str, Any]]) -> torch.Tensor:
+        """`_generated_logits` from one forward over the turns' prefix tree (`flywheel.rl.pack`): each
+        shared prefix (a group's prompt, an episode's earlier turns) is computed once."""
+        pack = PrefixPack()
+        for t in turns:
+            pack.add(t["prompt_ids"] + t["token_ids"])
+        dtype = next(self.model.parameters()).dtype
+        hidden = self.model.base_model(
+            input_ids=torch.tensor([pack.ids]), attention_mask=pack.mask(dtype),
+            position_ids=torch.tensor([pack.positions]),
+        ).last_hidden_state[0]
+        rows = [node for path, t in zip(pack.paths, turns, strict=True)
+                for node in path[len(t["prompt_ids"]) - 1 : len(path) - 1]]
+        return self.model.get_output_embeddings()(hidden[rows]).float()
 
     # -- weights and checkpoints
 
