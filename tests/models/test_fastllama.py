@@ -151,3 +151,17 @@ def test_fast_engine_is_deterministic_and_sees_in_place_weight_updates(tiny):
     assert [c.token_ids for c in after] == [c.token_ids for c in reference]
     for a, r in zip(after, reference, strict=True):
         assert a.logprobs == pytest.approx(r.logprobs, abs=1e-4)
+
+
+def test_identical_prompts_are_computed_once_with_the_same_results(gqa_model):
+    ids, mask = left_padded([6, 3, 5], gqa_model.config.vocab_size, seed=4)
+    rows = torch.tensor([0, 1, 0, 2, 0, 1])
+    with torch.inference_mode():
+        cache, got = fastllama.prefill_unique(gqa_model, ids[rows], mask[rows], capacity=16)
+        assert cache.k.shape[1] == 6 and cache.capacity == 16
+        torch.testing.assert_close(got, hf_last_logits(gqa_model, ids[rows], mask[rows]), atol=ATOL, rtol=0)
+        nxt = torch.arange(6) + 3
+        got = fastllama.decode(gqa_model, cache, nxt)
+        full = torch.cat([ids[rows], nxt[:, None]], dim=1)
+        full_mask = torch.cat([mask[rows], torch.ones_like(mask[rows][:, :1])], dim=1)
+        torch.testing.assert_close(got, hf_last_logits(gqa_model, full, full_mask), atol=ATOL, rtol=0)

@@ -158,6 +158,25 @@ def prefill(model, cache: KVCache, input_ids: torch.Tensor, mask: torch.Tensor) 
     return logits
 
 
+def prefill_unique(
+    model, input_ids: torch.Tensor, mask: torch.Tensor, capacity: int
+) -> tuple[KVCache, torch.Tensor]:
+    """`prefill` into a new cache of `capacity` columns, computing each distinct prompt once.
+
+    Rows with the same (left-padded) prompt, such as the G samples of a group, share one forward; their
+    keys and values are then copied to every row that has them. Returns (cache, last logits [B, vocab]).
+    """
+    rows = torch.cat([input_ids, mask], dim=1)
+    unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    if unique.shape[0] == rows.shape[0]:
+        cache = new_cache(model, input_ids.shape[0], capacity)
+        return cache, prefill(model, cache, input_ids, mask)
+    width = input_ids.shape[1]
+    cache = new_cache(model, unique.shape[0], capacity)
+    logits = prefill(model, cache, unique[:, :width], unique[:, width:])
+    return select_rows(cache, inverse), logits[inverse]
+
+
 def common_prefix(input_ids: torch.Tensor, mask: torch.Tensor) -> int:
     """Tokens every left-padded prompt starts with, leaving each at least one token of its own."""
     lengths = mask.sum(-1)
@@ -287,8 +306,8 @@ class LlamaRunner:
 
     def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         capacity = input_ids.shape[1] + min(self.steps, FIRST_CHUNK)
-        self.cache = new_cache(self.model, input_ids.shape[0], capacity)
-        return prefill(self.model, self.cache, input_ids, mask)
+        self.cache, logits = prefill_unique(self.model, input_ids, mask, capacity)
+        return logits
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         assert self.cache is not None

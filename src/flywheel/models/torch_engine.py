@@ -2,7 +2,9 @@
 
 `TorchEngine.generate(requests)` renders each conversation with the tokenizer's chat template, groups the
 requests into batches (sorted by prompt length, so padding is small), and for each batch runs one
-left-padded prefill followed by a decode loop over every still-active sequence. Sequences that finish (EOS,
+left-padded prefill followed by a decode loop over every still-active sequence. On the fast path the
+prefill computes the batch's common prefix once and each distinct prompt once (a group's G samples share
+one), copying their keys and values to every row. Sequences that finish (EOS,
 a stop string, their token budget) are dropped from the batch and from the cache at once, so one long tail
 does not carry dead rows through the remaining steps.
 
