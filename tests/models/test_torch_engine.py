@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from flywheel.models import torch_engine
 from flywheel.models.tiny import build_tiny_model
 from flywheel.models.torch_engine import (
     TorchEngine,
@@ -89,8 +90,11 @@ def test_prompt_ids_are_the_rendered_template(engine):
     assert c.prompt_tokens == len(c.prompt_ids)
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("temperature,top_p", [(0.8, 0.9), (1.0, 1.0), (1.3, 0.5)])
-def test_logprobs_and_kept_match_a_full_forward(engine, temperature, top_p):
+def test_logprobs_and_kept_match_a_full_forward(engine, temperature, top_p, wide, monkeypatch):
+    if wide:  # every kept set takes the path for nuclei wider than WIDE_NUCLEUS
+        monkeypatch.setattr(torch_engine, "WIDE_NUCLEUS", 0)
     reqs = [
         ask(p, max_tokens=10, temperature=temperature, top_p=top_p, seed=i) for i, p in enumerate(PROMPTS)
     ]

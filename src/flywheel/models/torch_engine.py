@@ -70,6 +70,9 @@ TOPK_FIRST = 256  # nucleus search width before falling back to a full sort
 # --------------------------------------------------------------------------------------------- prompts
 
 
+WIDE_NUCLEUS = 2048  # kept sets wider than this are put in id order by marking, not sorting
+
+
 def fallback_template(messages: Sequence[dict[str, Any]]) -> str:
     """The prompt for a tokenizer without a chat template: `<|role|>\\ncontent\\n` per message."""
     parts = [f"<|{m.get('role', 'user')}|>\n{m.get('content') or ''}\n" for m in messages]
@@ -429,6 +432,12 @@ class _Batch:
                 continue
             n = torch.tensor(sizes).unsqueeze(1)
             inside = torch.arange(ids.shape[1]).unsqueeze(0) < n
+            if ids.shape[1] > WIDE_NUCLEUS:  # marking the ids and reading them back in order beats a sort
+                marks = torch.zeros((len(rows), int(ids.max()) + 1), dtype=torch.bool)
+                marks.scatter_(1, torch.where(inside, ids, ids[:, :1]), True)
+                for j, row in enumerate(rows):
+                    self.all_seqs[row].kept[step] = marks[j].nonzero().flatten().tolist()
+                continue
             by_id = torch.where(inside, ids, torch.iinfo(ids.dtype).max).sort(dim=1).values.tolist()
             for row, size, kept in zip(rows, sizes, by_id, strict=True):
                 self.all_seqs[row].kept[step] = kept[:size]
