@@ -103,7 +103,7 @@ def main() -> None:
     cfg = load_config(configs / "demo.toml")
     cfg.model.path = str(base)
     cfg.train.steps = int(os.environ.get("FLYWHEEL_DEMO_STEPS", cfg.train.steps))
-    n_eval = int(os.environ.get("FLYWHEEL_DEMO_TASKS", "24"))
+    n_eval = int(os.environ.get("FLYWHEEL_DEMO_TASKS", "16"))
     stage(3, "calibrating λ per effort level ...")
     cal = run_calibration(cfg, out / "calibration", limit=8, samples=1)
     cfg.reward.calibration = str(out / "calibration" / "calibration.json")
