@@ -54,8 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     engine = load_torch_model(f"hf:{args.base}", max_context=cfg.model.max_context, seed=0)
     [level] = efforts_for([args.effort], cfg.rollout.max_turns, cfg.rollout.max_tokens, False)
     t0 = time.perf_counter()
-    records = rollout(engine, make_specs(tasks, [level], args.group, seed=0), harness_config(cfg, 0),
-                      concurrency=cfg.rollout.concurrency)
+    records = rollout(
+        engine,
+        make_specs(tasks, [level], args.group, seed=0),
+        harness_config(cfg, 0),
+        concurrency=cfg.rollout.concurrency,
+    )
     print(f"rolled out {len(records)} episodes in {time.perf_counter() - t0:.0f} s", flush=True)
     for i, r in enumerate(records):
         r["success"] = i % args.group == 0
@@ -78,15 +82,21 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             metrics[packed] = trainer.step(records)
             times[packed].append(time.perf_counter() - t)
-    same = all(abs(metrics[True][k] - metrics[False][k]) <= 1e-4 * max(1.0, abs(metrics[False][k]))
-               for k in ("loss", "grad_norm"))
-    print(f"{len(records)} episodes, {len(turns)} turns, {metrics[True]['train_tokens']:.0f} generated tokens; "
-          f"forwarded tokens: padded rows {padded}, prefix tree {len(pack)} ({padded / len(pack):.2f}x fewer)")
+    same = all(
+        abs(metrics[True][k] - metrics[False][k]) <= 1e-4 * max(1.0, abs(metrics[False][k]))
+        for k in ("loss", "grad_norm")
+    )
+    print(
+        f"{len(records)} episodes, {len(turns)} turns, {metrics[True]['train_tokens']:.0f} generated tokens; "
+        f"forwarded tokens: padded rows {padded}, prefix tree {len(pack)} ({padded / len(pack):.2f}x fewer)"
+    )
     print(f"{'side':<12}{'s/update':>10}{'best':>8}")
     for packed, name in ((False, "padded"), (True, "packed")):
         print(f"{name:<12}{statistics.fmean(times[packed]):>10.2f}{min(times[packed]):>8.2f}")
-    print(f"speed-up {statistics.fmean(times[False]) / statistics.fmean(times[True]):.2f}x; "
-          f"same loss and grad norm: {same} (loss {metrics[True]['loss']:.6g} vs {metrics[False]['loss']:.6g})")
+    print(
+        f"speed-up {statistics.fmean(times[False]) / statistics.fmean(times[True]):.2f}x; "
+        f"same loss and grad norm: {same} (loss {metrics[True]['loss']:.6g} vs {metrics[False]['loss']:.6g})"
+    )
     return 0 if same else 1
 
 

@@ -63,8 +63,11 @@ def _lines(description: str, total: int) -> Iterator:
     def emit() -> None:
         elapsed = int(time.monotonic() - start)
         info = f"  {state['info']}" if state["info"] else ""
-        print(f"{description}: {state['done']}/{total}  {elapsed // 60}:{elapsed % 60:02d}{info}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{description}: {state['done']}/{total}  {elapsed // 60}:{elapsed % 60:02d}{info}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def advance(n: int = 1, **fields: object) -> None:
         nonlocal last

@@ -12,7 +12,9 @@ def test_shared_prefixes_are_stored_once_and_paths_follow_each_sequence():
     assert len(pack) == 3 + 2 + 1 + 1
     assert pack.new_nodes([1, 2, 4]) == 0 and pack.new_nodes([1, 9, 9]) == 2
     for seq, path in zip(seqs, pack.paths, strict=True):
-        assert [pack.ids[n] for n in path] == seq and [pack.positions[n] for n in path] == list(range(len(seq)))
+        assert [pack.ids[n] for n in path] == seq and [pack.positions[n] for n in path] == list(
+            range(len(seq))
+        )
     assert pack.paths[2][:3] == pack.paths[0]
 
 
