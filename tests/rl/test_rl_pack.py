@@ -32,6 +32,7 @@ def test_the_mask_lets_a_node_see_exactly_itself_and_its_ancestors():
 
 def test_pack_groups_cut_in_order_under_the_node_budget():
     seqs = [[0] * 10 + [1], [0] * 10 + [2], [3] * 5, [4] * 30, [4] * 30 + [5]]
-    assert pack_groups(seqs, 17) == [[0, 1, 2], [3], [4]]
-    assert pack_groups(seqs, 16) == [[0, 1], [2], [3], [4]]  # 11 + 1 + 5 > 16
-    assert pack_groups(seqs, 100) == [[0, 1, 2, 3, 4]]
+    assert [i for i, _ in pack_groups(seqs, 17)] == [[0, 1, 2], [3], [4]]
+    assert [i for i, _ in pack_groups(seqs, 16)] == [[0, 1], [2], [3], [4]]  # 11 + 1 + 5 > 16
+    assert [i for i, _ in pack_groups(seqs, 100)] == [[0, 1, 2, 3, 4]]
+    assert len(pack_groups(seqs, 100)[0][1]) == 11 + 1 + 5 + 30 + 1  # the filled tree comes back too

@@ -65,12 +65,10 @@ from flywheel.protocols import Completion, Request
 
 ENGINE_OPTIONS = {"name", "max_context", "max_batch", "ignore_eos", "seed", "eos_ids", "fast"}
 TOPK_FIRST = 256  # nucleus search width before falling back to a full sort
+WIDE_NUCLEUS = 2048  # kept sets wider than this are put in id order by marking, not sorting
 
 
 # --------------------------------------------------------------------------------------------- prompts
-
-
-WIDE_NUCLEUS = 2048  # kept sets wider than this are put in id order by marking, not sorting
 
 
 def fallback_template(messages: Sequence[dict[str, Any]]) -> str:

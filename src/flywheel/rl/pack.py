@@ -75,18 +75,15 @@ class PrefixPack:
         return out[None, None]
 
 
-def pack_groups(seqs: Sequence[Sequence[int]], max_nodes: int) -> list[list[int]]:
-    """Indices of `seqs` split, in order, into packs of at most `max_nodes` trie nodes each (a sequence
-    longer than `max_nodes` gets a pack of its own). Keep sequences that share prefixes next to each other:
-    packs are cut in the given order."""
-    groups: list[list[int]] = []
-    pack = PrefixPack()
+def pack_groups(seqs: Sequence[Sequence[int]], max_nodes: int) -> list[tuple[list[int], PrefixPack]]:
+    """`seqs` split, in order, into packs of at most `max_nodes` trie nodes each (a sequence longer than
+    `max_nodes` gets a pack of its own): (indices into `seqs`, their filled `PrefixPack`) per pack. Keep
+    sequences that share prefixes next to each other: packs are cut in the given order."""
+    packs: list[tuple[list[int], PrefixPack]] = []
     for i, seq in enumerate(seqs):
-        if groups and len(pack) + pack.new_nodes(seq) > max_nodes:
-            pack = PrefixPack()
-            groups.append([])
-        if not groups:
-            groups.append([])
+        if not packs or len(packs[-1][1]) + packs[-1][1].new_nodes(seq) > max_nodes:
+            packs.append(([], PrefixPack()))
+        indices, pack = packs[-1]
         pack.add(seq)
-        groups[-1].append(i)
-    return groups
+        indices.append(i)
+    return packs

@@ -129,11 +129,11 @@ class Trainer:
         if obj.pack:
             batches = pack_groups([t["prompt_ids"] + t["token_ids"] for t, _ in work], obj.pack_tokens)
         else:
-            batches = token_batches([t for t, _ in work], obj.batch_tokens)
-        for batch in batches:
+            batches = [(b, None) for b in token_batches([t for t, _ in work], obj.batch_tokens)]
+        for batch, pack in batches:
             turns = [work[i][0] for i in batch]
             advs = torch.cat([torch.full((len(t["token_ids"]),), work[i][1]) for i, t in zip(batch, turns, strict=True)])
-            logits = self._packed_logits(turns) if obj.pack else self._generated_logits(turns)
+            logits = self._generated_logits(turns) if pack is None else self._packed_logits(turns, pack)
             tokens = torch.tensor([x for t in turns for x in t["token_ids"]])
             kept = [k for t in turns for k in (t["kept"] if self.cfg.objective.replay else [None] * len(t["token_ids"]))]
             mask = kept_mask(kept, logits.shape[1])
@@ -174,12 +174,14 @@ class Trainer:
         hidden = self.model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state
         return self.model.get_output_embeddings()(hidden[rows, cols]).float()
 
-    def _packed_logits(self, turns: list[dict[str, Any]]) -> torch.Tensor:
+    def _packed_logits(self, turns: list[dict[str, Any]], pack: PrefixPack | None = None) -> torch.Tensor:
         """`_generated_logits` from one forward over the turns' prefix tree (`flywheel.rl.pack`): each
-        shared prefix (a group's prompt, an episode's earlier turns) is computed once."""
-        pack = PrefixPack()
-        for t in turns:
-            pack.add(t["prompt_ids"] + t["token_ids"])
+        shared prefix (a group's prompt, an episode's earlier turns) is computed once. `pack`: the tree
+        already filled with the turns, in order (built here when None)."""
+        if pack is None:
+            pack = PrefixPack()
+            for t in turns:
+                pack.add(t["prompt_ids"] + t["token_ids"])
         dtype = next(self.model.parameters()).dtype
         hidden = self.model.base_model(
             input_ids=torch.tensor([pack.ids]), attention_mask=pack.mask(dtype),
