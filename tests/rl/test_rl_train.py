@@ -200,3 +200,20 @@ def test_sft_refuses_a_context_weight_the_actions_cannot_outweigh(tmp_path, caps
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "train.context_weight" in err and err.count("\n") == 1, err
     assert not (tmp_path / "base").exists()
+
+
+def test_sft_renames_its_share_of_the_teachers_episodes(base):
+    from flywheel.rl.sft import collect, renamed
+
+    cfg = load_config(ROOT / "configs" / "sft-quick.toml", SftConfig)
+    records = collect(cfg)  # cached by the fixture's run
+    convs = [messages_of(r) for r in records]
+    out = renamed(convs, records, cfg)
+    changed = [a != b for a, b in zip(convs, out, strict=True)]
+    assert 0 < sum(changed) < len(convs)  # rename = 0.5 of 6 episodes, drawn from the seed
+    assert out == renamed(convs, records, cfg)  # deterministic
+    for before, after, r in zip(convs, out, records, strict=True):
+        assert after[0] == before[0]  # the system prompt
+        module = r["task_id"].split("-")[1]
+        text = " ".join(m["content"] for m in after[1:])
+        assert (f"{module}.py" in text) != (after != before)

@@ -49,6 +49,7 @@ class SftDataConfig:
     efforts: list[str] = field(default_factory=lambda: ["medium", "high", "max"])
     observation_chars: int = 1500  # must match the runs that use the model (RolloutConfig)
     concurrency: int = 16
+    rename: float = 0.0  # share of episodes whose task names are made up anew (flywheel.rl.rename)
 
 
 @dataclass
@@ -96,7 +97,8 @@ def collect(cfg: SftConfig) -> list[dict[str, Any]]:
     from flywheel.rl.config import to_dict
     from flywheel.tasks import cache_dir
 
-    key = hashlib.sha256(json.dumps([cfg.seed, to_dict(cfg.data)], sort_keys=True).encode()).hexdigest()[:16]
+    data = {k: v for k, v in to_dict(cfg.data).items() if k != "rename"}  # applied after collection
+    key = hashlib.sha256(json.dumps([cfg.seed, data], sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / "sft-data" / f"{key}.jsonl"
     if path.is_file():
         return [json.loads(line) for line in path.read_text().splitlines()]
@@ -132,6 +134,26 @@ def _collect(cfg: SftConfig) -> list[dict[str, Any]]:
     with progress("collecting imitation data", len(specs)) as advance:
         return rollout(teacher, specs, hcfg, concurrency=cfg.data.concurrency, grader=not_graded,
                        on_record=lambda r: advance())
+
+
+def renamed(conversations: list[list[dict[str, Any]]], records: list[dict[str, Any]],
+            cfg: SftConfig) -> list[list[dict[str, Any]]]:
+    """The conversations with a `data.rename` share of them renamed (`flywheel.rl.rename`), chosen and
+    renamed deterministically from the seed; names shared by half the source modules are kept."""
+    if not cfg.data.rename:
+        return conversations
+    from flywheel.rl.rename import generic_words, rename_messages
+    from flywheel.tasks import load_suite
+
+    tasks = {t.id: t for t in load_suite(cfg.data.suite, split=cfg.data.split)}
+    groups = [str(tasks[r["task_id"]].meta.get("module", r["task_id"])) for r in records]
+    keep = generic_words(conversations, groups)
+    rng = random.Random(cfg.seed + 2)
+    out = []
+    for conv, r in zip(conversations, records, strict=True):
+        chosen = rng.random() < cfg.data.rename
+        out.append(rename_messages(conv, tasks[r["task_id"]].repo, rng, keep) if chosen else conv)
+    return out
 
 
 def trained_harness(spec: str) -> dict[str, Any]:
@@ -325,11 +347,13 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
     if not 0 <= cfg.train.context_weight < 1:
         raise FlywheelError(f"train.context_weight = {cfg.train.context_weight}: must be at least 0 and below 1 "
                             "(the actions weigh 1)")
+    if not 0 <= cfg.data.rename <= 1:
+        raise FlywheelError(f"data.rename = {cfg.data.rename}: must be a share between 0 and 1")
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     t0 = time.perf_counter()
     records = collect(cfg)
-    conversations = [messages_of(r) for r in records]
+    conversations = renamed([messages_of(r) for r in records], records, cfg)
     texts = [f"{m['role']}\n{m['content']}" for conv in conversations for m in conv]
     work = out.parent / f".{out.name}.building"
     shutil.rmtree(work, ignore_errors=True)

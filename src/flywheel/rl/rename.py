@@ -1,0 +1,136 @@
+"""Renaming augmentation for imitation data: the same episode with the task's own names made up anew.
+
+A base trained on eleven train modules learns their names by heart: on a held-out task it views
+`textutil.py` when the report names `ledger.py`. Renaming every identifier the task's code defines (the
+module, its classes, functions, arguments and variables) to a fresh made-up name, consistently through
+the whole conversation (report, code, test output, the teacher's actions), makes recall useless and
+copying from the context the only way to write the next action, which is what a held-out task needs.
+
+What is never renamed: Python keywords and builtins, the methods of the builtin containers (`get`,
+`items`, `append`), dunder names, names imported from other modules, and every word of the system
+prompt (the action tags and their attributes: `path`, `start`, `old`, `new`). A test function named
+`test_<name>` and a test file `test_<module>.py` follow their name. Episodes are text, so this needs
+no sandbox: nothing is run again.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import keyword
+import math
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "gr", "st", "tr", "pl", "sh")
+_VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
+_CODAS = ("", "", "", "n", "r", "s", "l", "k", "x")
+_FIXED = {"self", "cls", "pytest", "tests", "test", "raises", "approx", "fixture", "mark", "parametrize", "main"}
+
+
+def protected_words() -> set[str]:
+    """Names that keep their meaning everywhere: keywords, builtins, builtin containers' methods."""
+    words = set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | _FIXED
+    for kind in (dict, list, str, set, tuple, int, float, bytes):
+        words |= set(dir(kind))
+    return words
+
+
+def defined_names(sources: list[str], local: set[str] = frozenset()) -> tuple[set[str], set[str]]:
+    """(names, class names) the code defines; names imported from modules other than `local` are left
+    out. Unparsable files are skipped."""
+    names: set[str] = set()
+    classes: set[str] = set()
+    imported: set[str] = set()
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                classes.add(node.name)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] not in local:
+                        imported |= {alias.asname or alias.name.split(".")[0], alias.name.split(".")[0]}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] not in local:
+                imported |= {alias.asname or alias.name for alias in node.names} | {(node.module or "").split(".")[0]}
+    return names - imported, classes - imported
+
+
+def made_up(rng: random.Random, camel: bool = False) -> str:
+    """A pronounceable made-up identifier: `vorbak`, `stil_mex`, or CamelCase `VorbakStil`."""
+    def word() -> str:
+        return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(rng.randint(1, 2))) + rng.choice(_CODAS)
+
+    parts = [word() for _ in range(rng.choices((1, 2), weights=(3, 1))[0])]
+    return "".join(p.capitalize() for p in parts) if camel else "_".join(parts)
+
+
+def renaming(repo: Path, rng: random.Random, keep: set[str]) -> dict[str, str]:
+    """Old name -> new name for the names the repository's Python files define, and its modules' names."""
+    files = sorted(p for p in repo.rglob("*.py") if "__pycache__" not in p.parts)
+    modules = {p.stem for p in files if not p.stem.startswith(("test", "__"))}
+    names, classes = defined_names([p.read_text(errors="replace") for p in files], modules)
+    names |= modules
+    taken = set(keep) | names | classes
+    mapping: dict[str, str] = {}
+    for old in sorted(names | classes):
+        if old in keep or old.startswith("__") or len(old) < 3 or old.startswith("test"):
+            continue
+        new = made_up(rng, camel=old in classes and old not in names)
+        while new in taken:
+            new = made_up(rng, camel=old in classes and old not in names)
+        taken.add(new)
+        mapping[old] = new
+    return mapping
+
+
+def rename_text(text: str, mapping: dict[str, str]) -> str:
+    """`text` with each whole identifier in `mapping` replaced, and `test_<old>` by `test_<new>`."""
+    def sub(m: re.Match) -> str:
+        word = m.group(0)
+        if word in mapping:
+            return mapping[word]
+        if word.startswith("test_") and word[5:] in mapping:
+            return "test_" + mapping[word[5:]]
+        return word
+
+    return _WORD.sub(sub, text)
+
+
+def generic_words(conversations: list[list[dict[str, Any]]], groups: list[str], share: float = 0.5) -> set[str]:
+    """Words found in the conversations of at least `share` of the groups (e.g. source modules): the
+    harness's and pytest's own words (`line`, `passed`) and names common to all code (`value`), which
+    carry meaning across tasks and so are never renamed."""
+    seen: dict[str, set[str]] = {}
+    for conv, group in zip(conversations, groups, strict=True):
+        for m in conv:
+            for w in set(_WORD.findall(m["content"])):
+                seen.setdefault(w, set()).add(group)
+    need = max(2, math.ceil(share * len(set(groups))))
+    return {w for w, g in seen.items() if len(g) >= need}
+
+
+def rename_messages(messages: list[dict[str, Any]], repo: Path, rng: random.Random,
+                    keep: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """The conversation with the task's names made up anew, except the words in `keep` and the protected
+    ones; the system prompt is unchanged and its words are never renamed."""
+    keep = protected_words() | set(keep)
+    for m in messages:
+        if m["role"] == "system":
+            keep |= set(_WORD.findall(m["content"]))
+    mapping = renaming(repo, rng, keep)
+    return [m if m["role"] == "system" else {**m, "content": rename_text(m["content"], mapping)} for m in messages]

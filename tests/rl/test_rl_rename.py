@@ -1,0 +1,74 @@
+"""Renaming augmentation: made-up names, applied consistently, keep every shipped module working."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flywheel.rl.rename import generic_words, protected_words, rename_messages, rename_text, renaming
+from flywheel.tasks.toy import module_names, read_module
+
+
+def _repo(root: Path, name: str) -> Path:
+    source, tests = read_module(name)
+    (root / "tests").mkdir(parents=True)
+    (root / f"{name}.py").write_text(source)
+    (root / "tests" / f"test_{name}.py").write_text(tests)
+    return root
+
+
+@pytest.mark.parametrize("name", module_names())
+def test_a_renamed_module_still_passes_its_renamed_tests(name, tmp_path):
+    repo = _repo(tmp_path / "repo", name)
+    mapping = renaming(repo, random.Random(1), protected_words())
+    assert name in mapping and len(mapping) >= 5
+    out = tmp_path / "renamed"
+    for path in repo.rglob("*.py"):
+        target = out / rename_text(path.relative_to(repo).as_posix(), mapping)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(rename_text(path.read_text(), mapping))
+    assert not (out / f"{name}.py").exists() and (out / f"{mapping[name]}.py").is_file()
+    assert (out / "tests" / f"test_{mapping[name]}.py").is_file()  # the test file follows its module
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=out,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:]
+
+
+def test_renaming_is_consistent_and_leaves_the_protocol_alone(tmp_path):
+    repo = _repo(tmp_path / "repo", "ledger")
+    system = 'Act with one action: <view path="FILE" start="N" end="M"/> or <edit path="FILE"><old>A</old></edit>'
+    messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "`Ledger().open('x', -5)` should raise ValueError. This is in `ledger.py`."},
+        {"role": "assistant", "content": '<view path="ledger.py" start="1" end="40"/>'},
+        {"role": "user", "content": "def open(self, name, amount):\n    self.accounts.append(name)"},
+    ]
+    out = rename_messages(messages, repo, random.Random(0))
+    assert out[0] == messages[0]
+    mapping = renaming(repo, random.Random(0), protected_words() | set(system.replace('"', " ").split()))
+    new = mapping["ledger"]
+    assert f"`{new}.py`" in out[1]["content"] and f'<view path="{new}.py" start="1" end="40"/>' == out[2]["content"]
+    assert "ledger" not in " ".join(m["content"] for m in out[1:]).lower()
+    assert "self." in out[3]["content"] and ".append(" in out[3]["content"] and "ValueError" in out[1]["content"]
+    assert mapping["Ledger"][0].isupper() and "_" not in mapping["Ledger"]  # a class gets a CamelCase name
+
+
+def test_words_common_to_most_modules_are_kept():
+    convs = [[{"role": "user", "content": f"edited {m}.py at line 3; value"}] for m in ("a1", "b1", "c1")]
+    assert generic_words(convs, ["a", "b", "c"]) == {"edited", "py", "at", "line", "value"}
+
+
+def test_sft_refuses_a_rename_share_outside_0_to_1(tmp_path, capsys):
+    from flywheel.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[data]\nrename = 1.5\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["sft", str(bad), "--out", str(tmp_path / "base")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "data.rename" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "base").exists()
