@@ -33,17 +33,27 @@ def test_a_renamed_module_still_passes_its_renamed_tests(name, tmp_path):
         target.write_text(rename_text(path.read_text(), mapping))
     assert not (out / f"{name}.py").exists() and (out / f"{mapping[name]}.py").is_file()
     assert (out / "tests" / f"test_{mapping[name]}.py").is_file()  # the test file follows its module
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=out,
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=out,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stdout[-2000:]
 
 
 def test_renaming_is_consistent_and_leaves_the_protocol_alone(tmp_path):
     repo = _repo(tmp_path / "repo", "ledger")
-    system = 'Act with one action: <view path="FILE" start="N" end="M"/> or <edit path="FILE"><old>A</old></edit>'
+    system = (
+        'Act with one action: <view path="FILE" start="N" end="M"/> or <edit path="FILE"><old>A</old></edit>'
+    )
     messages = [
         {"role": "system", "content": system},
-        {"role": "user", "content": "`Ledger().open('x', -5)` should raise ValueError. This is in `ledger.py`."},
+        {
+            "role": "user",
+            "content": "`Ledger().open('x', -5)` should raise ValueError. This is in `ledger.py`.",
+        },
         {"role": "assistant", "content": '<view path="ledger.py" start="1" end="40"/>'},
         {"role": "user", "content": "def open(self, name, amount):\n    self.accounts.append(name)"},
     ]
@@ -51,9 +61,14 @@ def test_renaming_is_consistent_and_leaves_the_protocol_alone(tmp_path):
     assert out[0] == messages[0]
     mapping = renaming(repo, random.Random(0), protected_words() | set(system.replace('"', " ").split()))
     new = mapping["ledger"]
-    assert f"`{new}.py`" in out[1]["content"] and f'<view path="{new}.py" start="1" end="40"/>' == out[2]["content"]
+    assert (
+        f"`{new}.py`" in out[1]["content"]
+        and f'<view path="{new}.py" start="1" end="40"/>' == out[2]["content"]
+    )
     assert "ledger" not in " ".join(m["content"] for m in out[1:]).lower()
-    assert "self." in out[3]["content"] and ".append(" in out[3]["content"] and "ValueError" in out[1]["content"]
+    assert (
+        "self." in out[3]["content"] and ".append(" in out[3]["content"] and "ValueError" in out[1]["content"]
+    )
     assert mapping["Ledger"][0].isupper() and "_" not in mapping["Ledger"]  # a class gets a CamelCase name
 
 

@@ -25,10 +25,43 @@ from pathlib import Path
 from typing import Any
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "gr", "st", "tr", "pl", "sh")
+_ONSETS = (
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "br",
+    "gr",
+    "st",
+    "tr",
+    "pl",
+    "sh",
+)
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
 _CODAS = ("", "", "", "n", "r", "s", "l", "k", "x")
-_FIXED = {"self", "cls", "pytest", "tests", "test", "raises", "approx", "fixture", "mark", "parametrize", "main"}
+_FIXED = {
+    "self",
+    "cls",
+    "pytest",
+    "tests",
+    "test",
+    "raises",
+    "approx",
+    "fixture",
+    "mark",
+    "parametrize",
+    "main",
+}
 
 
 def protected_words() -> set[str]:
@@ -66,14 +99,19 @@ def defined_names(sources: list[str], local: set[str] = frozenset()) -> tuple[se
                     if alias.name.split(".")[0] not in local:
                         imported |= {alias.asname or alias.name.split(".")[0], alias.name.split(".")[0]}
             elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] not in local:
-                imported |= {alias.asname or alias.name for alias in node.names} | {(node.module or "").split(".")[0]}
+                imported |= {alias.asname or alias.name for alias in node.names} | {
+                    (node.module or "").split(".")[0]
+                }
     return names - imported, classes - imported
 
 
 def made_up(rng: random.Random, camel: bool = False) -> str:
     """A pronounceable made-up identifier: `vorbak`, `stil_mex`, or CamelCase `VorbakStil`."""
+
     def word() -> str:
-        return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(rng.randint(1, 2))) + rng.choice(_CODAS)
+        return "".join(
+            rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(rng.randint(1, 2))
+        ) + rng.choice(_CODAS)
 
     parts = [word() for _ in range(rng.choices((1, 2), weights=(3, 1))[0])]
     return "".join(p.capitalize() for p in parts) if camel else "_".join(parts)
@@ -100,6 +138,7 @@ def renaming(repo: Path, rng: random.Random, keep: set[str]) -> dict[str, str]:
 
 def rename_text(text: str, mapping: dict[str, str]) -> str:
     """`text` with each whole identifier in `mapping` replaced, and `test_<old>` by `test_<new>`."""
+
     def sub(m: re.Match) -> str:
         word = m.group(0)
         if word in mapping:
@@ -111,7 +150,9 @@ def rename_text(text: str, mapping: dict[str, str]) -> str:
     return _WORD.sub(sub, text)
 
 
-def generic_words(conversations: list[list[dict[str, Any]]], groups: list[str], share: float = 0.5) -> set[str]:
+def generic_words(
+    conversations: list[list[dict[str, Any]]], groups: list[str], share: float = 0.5
+) -> set[str]:
     """Words found in the conversations of at least `share` of the groups (e.g. source modules): the
     harness's and pytest's own words (`line`, `passed`) and names common to all code (`value`), which
     carry meaning across tasks and so are never renamed."""
@@ -124,8 +165,9 @@ def generic_words(conversations: list[list[dict[str, Any]]], groups: list[str], 
     return {w for w, g in seen.items() if len(g) >= need}
 
 
-def rename_messages(messages: list[dict[str, Any]], repo: Path, rng: random.Random,
-                    keep: set[str] = frozenset()) -> list[dict[str, Any]]:
+def rename_messages(
+    messages: list[dict[str, Any]], repo: Path, rng: random.Random, keep: set[str] = frozenset()
+) -> list[dict[str, Any]]:
     """The conversation with the task's names made up anew, except the words in `keep` and the protected
     ones; the system prompt is unchanged and its words are never renamed."""
     keep = protected_words() | set(keep)
@@ -133,4 +175,6 @@ def rename_messages(messages: list[dict[str, Any]], repo: Path, rng: random.Rand
         if m["role"] == "system":
             keep |= set(_WORD.findall(m["content"]))
     mapping = renaming(repo, rng, keep)
-    return [m if m["role"] == "system" else {**m, "content": rename_text(m["content"], mapping)} for m in messages]
+    return [
+        m if m["role"] == "system" else {**m, "content": rename_text(m["content"], mapping)} for m in messages
+    ]
