@@ -87,3 +87,19 @@ def test_sft_refuses_a_rename_share_outside_0_to_1(tmp_path, capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "data.rename" in err and err.count("\n") == 1, err
     assert not (tmp_path / "base").exists()
+
+
+def test_a_renamed_task_is_graded_like_the_original(tmp_path):
+    from flywheel.rl.rename import rename_task
+    from flywheel.tasks import load_suite
+    from flywheel.verify.qa import grade_patch
+
+    task = load_suite("toybugs", split="train")[0]
+    copy = rename_task(task, tmp_path / f"{task.id}.s000001", random.Random(3))
+    module = task.meta["module"]
+    assert copy.id == f"{task.id}.s000001" and copy.meta["renamed_from"] == task.id
+    assert module not in copy.instruction and module not in " ".join(copy.fail_to_pass)
+    assert not (copy.repo / f"{module}.py").exists() and len(list(copy.repo.glob("*.py"))) == 1
+    assert grade_patch(copy, copy.solution_patch).success
+    assert not grade_patch(copy, None).success
+    assert rename_task(task, copy.root, random.Random(99)) == copy  # an existing copy is loaded as is

@@ -117,7 +117,8 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     for body, needle in [("[optim]\nlr = 'fast'\n", "'lr'"), ("[rollout]\nsteps = 3\n", "'steps'"),
                          ("[model]\npath = '/nope'\n", "[model] path"), ("[optim]\nkind = 'sgd'\n", "[optim] kind"),
-                         ("[objective]\npack_tokens = 0\n", "[objective] pack_tokens")]:
+                         ("[objective]\npack_tokens = 0\n", "[objective] pack_tokens"),
+                         ("[tasks]\nrename = 2\n", "[tasks] rename")]:
         bad.write_text(body)
         with pytest.raises(SystemExit) as exit_:
             main(["train", str(bad), "--out", str(tmp_path / "r")])
@@ -217,3 +218,14 @@ def test_sft_renames_its_share_of_the_teachers_episodes(base):
         module = r["task_id"].split("-")[1]
         text = " ".join(m["content"] for m in after[1:])
         assert (f"{module}.py" in text) != (after != before)
+
+
+def test_training_on_renamed_copies_of_its_tasks(base, tmp_path):
+    cfg = quick(base, steps=1)
+    cfg.tasks.rename = 1.0
+    train(cfg, tmp_path / "r")
+    copies = sorted(p.name for p in (tmp_path / "r" / "tasks").iterdir())
+    assert len(copies) == cfg.rollout.tasks_per_step and all(c.endswith(".s000001") for c in copies)
+    records = [json.loads(line) for line in (tmp_path / "r" / "trajectories.jsonl").read_text().splitlines()]
+    assert {r["task_id"] for r in records} == set(copies)
+    assert all(r["task_id"] == r["renamed_from"] + ".s000001" for r in records)

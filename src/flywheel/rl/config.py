@@ -36,6 +36,7 @@ class TasksConfig:
     recurate_every: int = 0  # every N steps keep only tasks with 0 < pass rate <= p_max (0: never)
     p_max: float = 0.75  # curation's upper pass rate; unmeasured tasks stay eligible
     recurate_window: int = 8  # pass rates count attempts of the last N policy versions
+    rename: float = 0.0  # share of each step's tasks replaced by a copy with made-up names (flywheel.rl.rename)
 
 
 @dataclass

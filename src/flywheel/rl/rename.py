@@ -11,6 +11,9 @@ What is never renamed: Python keywords and builtins, the methods of the builtin 
 prompt (the action tags and their attributes: `path`, `start`, `old`, `new`). A test function named
 `test_<name>` and a test file `test_<module>.py` follow their name. Episodes are text, so this needs
 no sandbox: nothing is run again.
+
+`rename_task` does the same to a task itself (repository, hidden tests, report, test ids, solution), so RL
+can train on fresh copies of its tasks (`[tasks] rename` in a run config).
 """
 
 from __future__ import annotations
@@ -178,3 +181,40 @@ def rename_messages(
     return [
         m if m["role"] == "system" else {**m, "content": rename_text(m["content"], mapping)} for m in messages
     ]
+
+
+def rename_task(task, dest: Path, rng: random.Random):
+    """A copy of `task` in `dest` with its names made up anew: repository, hidden tests, instruction,
+    test node ids and solution patch, all renamed alike, so the copy is graded like the original
+    (`tests/rl/test_rl_rename.py` checks every shipped module still passes its renamed tests). Its id is
+    the name of `dest` and `meta.renamed_from` names the original. An existing `dest` is loaded as is."""
+    from flywheel.tasks.format import load_task, task_toml, write_task
+
+    dest = Path(dest)
+    if (dest / "task.toml").is_file():
+        return load_task(dest)
+    mapping = renaming(task.repo, rng, protected_words())
+
+    def tree(root: Path) -> dict[str, str]:
+        files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        return {
+            rename_text(p.relative_to(root).as_posix(), mapping): rename_text(p.read_text(), mapping)
+            for p in files
+        }
+
+    toml = task_toml(
+        id=dest.name,
+        instruction=rename_text(task.instruction, mapping),
+        test_command=task.test_command,
+        fail_to_pass=[rename_text(n, mapping) for n in task.fail_to_pass],
+        pass_to_pass=[rename_text(n, mapping) for n in task.pass_to_pass],
+        timeout_s=task.timeout_s,
+        meta={**task.meta, "renamed_from": task.id},
+    )
+    return write_task(
+        dest,
+        toml=toml,
+        repo=tree(task.repo),
+        hidden_tests=tree(task.hidden_tests),
+        solution_patch=rename_text(task.solution_patch, mapping),
+    )

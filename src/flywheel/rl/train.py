@@ -84,6 +84,8 @@ def check(cfg: RunConfig) -> None:
         raise FlywheelError("[objective] pack_tokens and batch_tokens must be >= 1")
     if cfg.train.steps < 0 or cfg.train.checkpoint_every < 1:
         raise FlywheelError("[train] steps must be >= 0 and checkpoint_every >= 1")
+    if not 0 <= cfg.tasks.rename <= 1:
+        raise FlywheelError("[tasks] rename must be a share between 0 and 1")
     if cfg.train.trajectories not in ("lite", "full", "none"):
         raise FlywheelError("[train] trajectories must be 'lite', 'full' or 'none'")
 
@@ -108,6 +110,18 @@ def batch_for(tasks: list, cfg: RunConfig, step: int) -> list:
     """The step's tasks: a seeded sample, the same in every run and on resume."""
     rng = random.Random(stable_seed(cfg.seed, "tasks", step))
     return rng.sample(tasks, min(cfg.rollout.tasks_per_step, len(tasks)))
+
+
+def renamed_batch(batch: list, cfg: RunConfig, step: int, root: Path) -> list:
+    """The step's tasks with a `[tasks] rename` share replaced by renamed copies under `root`, drawn from
+    the seed (the same on resume)."""
+    if not cfg.tasks.rename:
+        return batch
+    from flywheel.rl.rename import rename_task
+
+    rng = random.Random(stable_seed(cfg.seed, "rename", step))
+    return [rename_task(t, root / f"{t.id}.s{step:06d}", rng) if rng.random() < cfg.tasks.rename else t
+            for t in batch]
 
 
 def curated(tasks: list, history: list[dict[str, Any]], cfg: RunConfig, step: int) -> list:
@@ -171,8 +185,9 @@ class Run:
         path = self.out / "trajectories.jsonl"
         if not path.exists():
             return []
-        keys = ("task_id", "success", "policy_version", "step")
-        return [{k: r[k] for k in keys} for r in map(json.loads, path.read_text().splitlines())]
+        keys = ("success", "policy_version", "step")
+        return [{"task_id": r.get("renamed_from", r["task_id"]), **{k: r[k] for k in keys}}
+                for r in map(json.loads, path.read_text().splitlines())]
 
     def append(self, name: str, rows: list[dict[str, Any]]) -> None:
         with (self.out / name).open("a") as f:
@@ -230,6 +245,8 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
         from flywheel.loop import run as run_loop
 
         check(cfg)
+        if cfg.tasks.rename:
+            raise FlywheelError("[tasks] rename works with the inline loop only (no [loop] backend) for now")
         lcfg = loop_config(cfg)
         run_loop(lcfg, partial(make_trainer, cfg), load_tasks(cfg), out)
         path = Path(out) / "metrics.jsonl"
@@ -266,13 +283,18 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
         for step in range(start + 1, cfg.train.steps + 1):
             t0 = time.perf_counter()
             pool = curated(tasks, history, cfg, step)
-            specs = make_specs(batch_for(pool, cfg, step), efforts, cfg.rollout.group_size,
+            batch = renamed_batch(batch_for(pool, cfg, step), cfg, step, run.out / "tasks")
+            specs = make_specs(batch, efforts, cfg.rollout.group_size,
                                seed=stable_seed(cfg.seed, "rollout", step) % 2**31)
             records = rollout(engine, specs, harness_config(cfg, trainer.version), concurrency=cfg.rollout.concurrency)
+            origin = {t.id: t.meta["renamed_from"] for t in batch if "renamed_from" in t.meta}
+            for r in records:
+                if r["task_id"] in origin:
+                    r["renamed_from"] = origin[r["task_id"]]
             t1 = time.perf_counter()
             metrics = trainer.step(records)
             metrics["eligible_tasks"] = float(len(pool))
-            history += [{"task_id": r["task_id"], "success": r["success"], "policy_version": r["policy_version"],
+            history += [{"task_id": r.get("renamed_from", r["task_id"]), "success": r["success"], "policy_version": r["policy_version"],
                          "step": step} for r in records]
             t2 = time.perf_counter()
             row = rounded(metrics, step, trainer.version)
