@@ -103,6 +103,13 @@ def test_environment_is_clean_and_home_is_tmp(sandbox, ws, py, monkeypatch):
         assert Path(env["HOME"]) != Path.home()
 
 
+def test_pytest_inside_loads_no_plugin_by_itself(sandbox, ws):
+    (ws / "test_one.py").write_text("def test_one():\n    assert True\n")
+    result = sandbox.run(ws, [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_one.py"])
+    assert result.exit_code == 0 and "1 passed" in result.output, result.output
+    assert "plugins:" not in result.output  # the header lists autoloaded plugins when there are any
+
+
 def test_extra_mounts(sandbox, ws, tmp_path, py):
     plugin, report = tmp_path / "plugin", tmp_path / "report"
     plugin.mkdir()
