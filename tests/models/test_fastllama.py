@@ -165,3 +165,99 @@ def test_identical_prompts_are_computed_once_with_the_same_results(gqa_model):
         full = torch.cat([ids[rows], nxt[:, None]], dim=1)
         full_mask = torch.cat([mask[rows], torch.ones_like(mask[rows][:, :1])], dim=1)
         torch.testing.assert_close(got, hf_last_logits(gqa_model, full, full_mask), atol=ATOL, rtol=0)
+
+
+def test_prefill_after_stored_prefixes_matches_a_full_prefill(gqa_model, monkeypatch):
+    """Rows with stored prefixes of different lengths (and one without) give the full prompts' logits."""
+    empty = fastllama.new_cache
+
+    def poisoned(*args, **kw):  # fresh memory may hold anything: NaN in an unwritten column must not leak
+        cache = empty(*args, **kw)
+        cache.k.fill_(float("nan"))
+        cache.v.fill_(float("nan"))
+        return cache
+
+    monkeypatch.setattr(fastllama, "new_cache", poisoned)
+    ids, mask = left_padded([9, 7, 6], gqa_model.config.vocab_size, seed=5)
+    prompts = [row[m.bool()] for row, m in zip(ids, mask, strict=True)]
+    held = [5, 0, 2]  # tokens of each prompt already in the store
+    with torch.inference_mode():
+        stored = []
+        for p, n in zip(prompts, held, strict=True):
+            if not n:
+                stored.append(None)
+                continue
+            one = fastllama.new_cache(gqa_model, 1, n)
+            fastllama.prefill(gqa_model, one, p[None, :n], torch.ones((1, n), dtype=torch.long))
+            stored.append(fastllama.row_kv(one, 0))
+        cache = fastllama.cache_from(gqa_model, stored, capacity=20)
+        rest, rest_mask = torch.zeros((3, 7), dtype=torch.long), torch.zeros((3, 7), dtype=torch.long)
+        for j, (p, n) in enumerate(zip(prompts, held, strict=True)):
+            rest[j, 7 - (len(p) - n) :], rest_mask[j, 7 - (len(p) - n) :] = p[n:], 1
+        got = fastllama.prefill_after(gqa_model, cache, rest, rest_mask)
+        torch.testing.assert_close(got, hf_last_logits(gqa_model, ids, mask), atol=ATOL, rtol=0)
+        nxt = torch.tensor([4, 5, 6])
+        got = fastllama.decode(gqa_model, cache, nxt)
+        full = torch.cat([ids, nxt[:, None]], dim=1)
+        full_mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        torch.testing.assert_close(got, hf_last_logits(gqa_model, full, full_mask), atol=ATOL, rtol=0)
+
+
+def test_prefix_store_finds_the_longest_match_and_keeps_within_its_bytes():
+    kv = lambda n: (torch.zeros(1, 1, n, 4), torch.zeros(1, 1, n, 4))  # noqa: E731  16 bytes a token each
+    store = fastllama.PrefixStore(max_bytes=32 * 50, min_tokens=3)
+    store.add(list(range(10)), *kv(10))
+    store.add(list(range(5)) + [99] * 5, *kv(10))
+    n, got = store.lookup(list(range(8)) + [7, 7])
+    assert n == 8 and got[0].shape[2] == 8
+    assert store.lookup(list(range(10)))[0] == 9  # at least one token is left to prefill
+    assert store.lookup([1, 2, 3, 4]) == (0, None)  # no common prefix
+    assert store.lookup([0, 1, 50]) == (0, None)  # shorter than min_tokens
+    store.add(list(range(20)), *kv(20))  # extends the first entry, which goes
+    assert [len(e[0]) for e in store.entries] == [10, 20]
+    store.add(list(range(100, 130)), *kv(30))  # over 50 tokens: the oldest go
+    assert [len(e[0]) for e in store.entries] == [20, 30]
+
+
+def _turns(engine, first: list[Request], answers) -> list[Request]:
+    return [
+        Request(messages=r.messages + [{"role": "assistant", "content": a.text},
+                                       {"role": "user", "content": f"exit code {i}\nok " * 3}],
+                max_tokens=10, temperature=1.0, top_p=0.9, seed=50 + i)
+        for i, (r, a) in enumerate(zip(first, answers, strict=True))
+    ]
+
+
+def test_a_next_turn_reuses_the_stored_sequence_and_samples_the_same(tiny):
+    model, tokenizer = tiny
+    engine = TorchEngine(model, tokenizer)
+    plain = TorchEngine(model, tokenizer, prefix_cache_mb=0)
+    assert plain.prefix_store is None
+    first = [Request(messages=[{"role": "system", "content": "You fix bugs. " * 4},
+                               {"role": "user", "content": f"task {i}: def add(a, b):"}],
+                     max_tokens=12, temperature=1.0, top_p=0.9, seed=i) for i in range(4)]
+    answers = engine.generate(first)
+    assert engine.prefix_store.hits == 0 and len(engine.prefix_store.entries) == 4
+    second = _turns(engine, first, answers)
+    got, want = engine.generate(second), plain.generate(second)
+    assert engine.prefix_store.hits == 4 and engine.prefix_store.reused >= sum(len(a.prompt_ids) for a in answers)
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids and g.kept == w.kept and g.prompt_ids == w.prompt_ids
+        assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+
+
+def test_the_prefix_store_is_emptied_when_the_weights_change_by_any_path(tiny):
+    model, tokenizer = tiny
+    engine = TorchEngine(model, tokenizer)
+    first = [Request(messages=[{"role": "user", "content": "def add(a, b): " * 4}], max_tokens=8, seed=1)]
+    answers = engine.generate(first)
+    weight = model.model.layers[1].self_attn.o_proj.weight
+    saved = weight.detach().clone()
+    try:
+        weight.data.add_(0.5)  # bypasses the version counter: the sums still see it
+        got = engine.generate(_turns(engine, first, answers))
+        want = TorchEngine(model, tokenizer, prefix_cache_mb=0).generate(_turns(engine, first, answers))
+    finally:
+        weight.data.copy_(saved)
+    assert engine.prefix_store.hits == 0
+    assert got[0].token_ids == want[0].token_ids and got[0].logprobs == pytest.approx(want[0].logprobs, abs=1e-4)

@@ -25,9 +25,17 @@ Why it is faster than calling the HF modules with a `DynamicCache`:
   keys are the same whichever columns they sit in, and the result equals a full per-row prefill up to
   float rounding.
 
+- Across calls, a `PrefixStore` keeps the keys and values of sequences that finished (prompt and
+  generated tokens). An agent's next turn is its last prompt, its answer and a new observation, so its
+  prompt starts with a stored sequence; only the tokens after the longest stored match are prefilled
+  (`prefill_after`), on top of the stored keys and values (`cache_from`). Multi-turn rollouts prefill
+  mostly what is new.
+
 Weights: every call reads the parameters of the HF modules it is given (`layer.self_attn.q_proj.weight`
-and so on); nothing derived from weights is cached, so an optimizer that updates the model in place
-between calls is seen by the next call. The rotary inverse frequencies (`rotary_emb.inv_freq`, a buffer,
+and so on), so an optimizer that updates the model in place between calls is seen by the next call. The
+one thing derived from weights that is kept, the `PrefixStore`, is emptied whenever the weights change:
+each call compares a fingerprint of every parameter (its version counter, its sum and its sum of squares),
+which catches in-place updates through any path, `.data` and numpy views included. The rotary inverse frequencies (`rotary_emb.inv_freq`, a buffer,
 not a weight) are read each call too.
 
 What is not covered (those models fall back to the HF forward): architectures other than
@@ -43,6 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -208,6 +217,106 @@ def _drop_prefix(input_ids: torch.Tensor, mask: torch.Tensor, n: int) -> tuple[t
     return ids.masked_fill(~keep, 0), keep.long()
 
 
+def cache_from(model, prefixes: list[tuple[torch.Tensor, torch.Tensor] | None], capacity: int) -> KVCache:
+    """A new cache whose row j holds `prefixes[j]` (keys and values `[layers, kv_heads, n, head_dim]` of
+    positions 0..n-1, or None for nothing), right-aligned in columns `0:P` (P the longest n)."""
+    longest = max((kv[0].shape[2] for kv in prefixes if kv is not None), default=0)
+    cache = new_cache(model, len(prefixes), max(capacity, longest))
+    cache.k[:, :, :, :longest] = 0  # the gaps left of shorter prefixes are masked, but must not be NaN
+    cache.v[:, :, :, :longest] = 0
+    for j, kv in enumerate(prefixes):
+        if kv is not None:
+            n = kv[0].shape[2]
+            cache.k[:, j, :, longest - n : longest] = kv[0]
+            cache.v[:, j, :, longest - n : longest] = kv[1]
+            cache.valid[j, longest - n : longest] = True
+            cache.next_pos[j] = n
+    cache.length = longest
+    return cache
+
+
+def prefill_after(model, cache: KVCache, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Run left-padded `input_ids` [B, S] after what each row of `cache` already holds (`cache_from`);
+    positions continue from `cache.next_pos`. Returns the last position's logits [B, vocab]."""
+    held, width = cache.length, input_ids.shape[1]
+    real = mask.bool()
+    cache.valid[:, held : held + width] = real
+    positions = cache.next_pos.unsqueeze(1) + (real.long().cumsum(-1) - 1).clamp(min=0)
+    cols = torch.arange(width, device=input_ids.device)
+    causal = cols.unsqueeze(0) <= cols.unsqueeze(1)
+    attend = causal & (real.unsqueeze(1) | torch.eye(width, dtype=torch.bool, device=real.device))
+    before = cache.valid[:, None, :held].expand(-1, width, -1)
+    logits = forward(model, cache, input_ids, positions, torch.cat([before, attend], dim=2).unsqueeze(1))
+    cache.next_pos = cache.next_pos + real.long().sum(-1)
+    return logits
+
+
+def row_kv(cache: KVCache, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of the keys and values of `row`'s real tokens, in order: `[layers, kv_heads, n, head_dim]`."""
+    cols = cache.valid[row, : cache.length].nonzero().squeeze(1)
+    return cache.k[:, row].index_select(2, cols), cache.v[:, row].index_select(2, cols)
+
+
+def weights_fingerprint(model) -> tuple:
+    """Changes whenever any parameter changes: version counters, sums and sums of squares."""
+    params = list(model.parameters())
+    with torch.no_grad():
+        sums = torch.stack([torch.stack([p.sum(dtype=torch.float64), p.square().sum(dtype=torch.float64)])
+                            for p in params])
+    return tuple(p._version for p in params), tuple(sums.flatten().tolist())
+
+
+class PrefixStore:
+    """Keys and values of finished sequences, looked up by the longest common prefix of token ids.
+
+    At most `max_bytes` are kept (the oldest go first); a sequence that extends a stored one replaces it.
+    `check(model)` empties the store when the weights changed since the last call.
+    """
+
+    def __init__(self, max_bytes: int, min_tokens: int = 16) -> None:
+        self.max_bytes, self.min_tokens = max_bytes, min_tokens
+        self.entries: list[tuple[np.ndarray, torch.Tensor, torch.Tensor]] = []
+        self.fingerprint: tuple | None = None
+        self.hits = self.reused = self.lookups = 0  # statistics: rows served, tokens not prefilled, lookups
+
+    def check(self, model) -> None:
+        now = weights_fingerprint(model)
+        if now != self.fingerprint:
+            self.entries.clear()
+            self.fingerprint = now
+
+    def lookup(self, ids: list[int]) -> tuple[int, tuple[torch.Tensor, torch.Tensor] | None]:
+        """(n, stored keys and values of `ids[:n]`) for the longest stored match, leaving at least one
+        token to prefill; (0, None) when no match reaches `min_tokens`."""
+        self.lookups += 1
+        query = np.asarray(ids, dtype=np.int64)
+        best, kv = 0, None
+        for stored, k, v in self.entries:
+            n = min(len(stored), len(query) - 1)
+            if n <= best:
+                continue
+            diff = np.flatnonzero(stored[:n] != query[:n])
+            common = int(diff[0]) if diff.size else n
+            if common > best:
+                best, kv = common, (k, v)
+        if best < self.min_tokens or kv is None:
+            return 0, None
+        self.hits += 1
+        self.reused += best
+        return best, (kv[0][:, :, :best], kv[1][:, :, :best])
+
+    def add(self, ids: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        if len(ids) < self.min_tokens:
+            return
+        new = np.asarray(ids, dtype=np.int64)
+        self.entries = [e for e in self.entries if not (len(e[0]) <= len(new) and np.array_equal(e[0], new[: len(e[0])]))]
+        self.entries.append((new, k, v))
+        total = sum(e[1].nbytes + e[2].nbytes for e in self.entries)
+        while total > self.max_bytes and self.entries:
+            old = self.entries.pop(0)
+            total -= old[1].nbytes + old[2].nbytes
+
+
 def decode(model, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
     """One step: feed `tokens` [B] at the next column; returns the next logits [B, vocab]."""
     col = cache.length
@@ -299,15 +408,48 @@ def decoder_layer(layer, x, cos, sin, k_cache, v_cache, start: int, attend) -> t
 class LlamaRunner:
     """The engine's stepping interface over one batch: `prefill`, then `step` per token, `select` rows."""
 
-    def __init__(self, model, steps: int) -> None:
+    def __init__(self, model, steps: int, store: PrefixStore | None = None) -> None:
         self.model = model
         self.steps = steps  # most tokens any row may generate
+        self.store = store
         self.cache: KVCache | None = None
 
     def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        hits = self._stored_prefixes(input_ids, mask)
+        if hits is not None:
+            return self._prefill_stored(input_ids, mask, hits)
         capacity = input_ids.shape[1] + min(self.steps, FIRST_CHUNK)
         self.cache, logits = prefill_unique(self.model, input_ids, mask, capacity)
         return logits
+
+    def _stored_prefixes(self, input_ids: torch.Tensor, mask: torch.Tensor):
+        if self.store is None:
+            return None
+        self.store.check(self.model)
+        if not self.store.entries:
+            return None
+        hits = [self.store.lookup(row[m.bool()].tolist()) for row, m in zip(input_ids, mask, strict=True)]
+        return hits if any(n for n, _ in hits) else None
+
+    def _prefill_stored(self, input_ids: torch.Tensor, mask: torch.Tensor, hits) -> torch.Tensor:
+        """Prefill each row after its stored prefix (rows without one from the start)."""
+        lengths = mask.sum(-1) - torch.tensor([n for n, _ in hits])
+        width = int(lengths.max())
+        ids = input_ids.new_zeros((len(hits), width))
+        new_mask = mask.new_zeros((len(hits), width))
+        for j, length in enumerate(lengths.tolist()):
+            ids[j, width - length :] = input_ids[j, input_ids.shape[1] - length :]
+            new_mask[j, width - length :] = 1
+        held = max(n for n, _ in hits)
+        self.cache = cache_from(self.model, [kv for _, kv in hits], held + width + min(self.steps, FIRST_CHUNK))
+        return prefill_after(self.model, self.cache, ids, new_mask)
+
+    def remember(self, row: int, ids: list[int]) -> None:
+        """Store `row`'s keys and values (it holds exactly `ids`: its prompt and the tokens fed since)."""
+        if self.store is not None and self.cache is not None:
+            k, v = row_kv(self.cache, row)
+            assert k.shape[2] == len(ids), (k.shape, len(ids))
+            self.store.add(ids, k, v)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         assert self.cache is not None

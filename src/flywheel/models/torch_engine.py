@@ -4,7 +4,9 @@
 requests into batches (sorted by prompt length, so padding is small), and for each batch runs one
 left-padded prefill followed by a decode loop over every still-active sequence. On the fast path the
 prefill computes the batch's common prefix once and each distinct prompt once (a group's G samples share
-one), copying their keys and values to every row. Sequences that finish (EOS,
+one), copying their keys and values to every row, and a prompt that starts with a sequence an earlier call
+generated (an agent's next turn) prefills only what follows it (`fastllama.PrefixStore`, emptied whenever
+the weights change; `prefix_cache_mb`, 0 to turn it off). Sequences that finish (EOS,
 a stop string, their token budget) are dropped from the batch and from the cache at once, so one long tail
 does not carry dead rows through the remaining steps.
 
@@ -12,7 +14,7 @@ The forward behind the loop is a "runner" (`prefill`, `step`, `select`): for a `
 hand-written forward of `flywheel.models.fastllama` over a preallocated KV cache; for any other causal LM
 (or with `fast=False`), `HFRunner`, the model's own forward with a `DynamicCache`. Both read the model's
 parameters at every call, so weights updated in place between `generate` calls (an optimizer step) are
-used by the next call; nothing derived from the weights is cached. `engine.slow_reason` says why the fast
+used by the next call; the prefix store, the one thing derived from weights that is kept, is dropped then. `engine.slow_reason` says why the fast
 path is off (None when on).
 
 Sampling (`sample_step`, a pure function over the whole batch):
@@ -60,10 +62,10 @@ from typing import Any
 import torch
 
 from flywheel.errors import FlywheelError
-from flywheel.models.fastllama import LlamaRunner, unsupported
+from flywheel.models.fastllama import LlamaRunner, PrefixStore, unsupported
 from flywheel.protocols import Completion, Request
 
-ENGINE_OPTIONS = {"name", "max_context", "max_batch", "ignore_eos", "seed", "eos_ids", "fast"}
+ENGINE_OPTIONS = {"name", "max_context", "max_batch", "ignore_eos", "seed", "eos_ids", "fast", "prefix_cache_mb"}
 TOPK_FIRST = 256  # nucleus search width before falling back to a full sort
 WIDE_NUCLEUS = 2048  # kept sets wider than this are put in id order by marking, not sorting
 
@@ -227,6 +229,7 @@ class TorchEngine:
         seed: int | None = None,
         eos_ids: Sequence[int] | None = None,
         fast: bool = True,
+        prefix_cache_mb: int = 512,
     ) -> None:
         self.name = name
         self.model = model.eval()
@@ -239,6 +242,8 @@ class TorchEngine:
         self.slow_reason = "disabled" if not fast else unsupported(model)
         self.fast = self.slow_reason is None  # the hand-written Llama forward (flywheel.models.fastllama)
         self.pad_id = _pad_id(tokenizer, self.eos_ids)
+        # keys and values of finished sequences, reused by prompts that start with them (fast path only)
+        self.prefix_store = PrefixStore(prefix_cache_mb << 20) if self.fast and prefix_cache_mb > 0 else None
         self.rng = torch.Generator()
         if seed is None:
             self.rng.seed()
@@ -320,6 +325,8 @@ class TorchEngine:
             s = sample_step(logits, batch.temperature, batch.top_p, batch.uniforms[:, step])
             batch.record(step, s)
             finished = self._finished(batch, step, s.tokens, eos)
+            for j in (j for j, f in enumerate(finished) if f):  # row j holds its prompt and tokens 0..step-1
+                runner.remember(j, batch.seqs[j].prompt + batch.token_buf[batch.rows[j], :step].tolist())
             step += 1
             keep = [j for j, f in enumerate(finished) if not f]
             if not keep:
@@ -336,7 +343,7 @@ class TorchEngine:
     def _runner(self, steps: int):
         """The fast Llama forward when the model allows it, else the model's own forward."""
         if self.fast:
-            return LlamaRunner(self.model, steps)
+            return LlamaRunner(self.model, steps, self.prefix_store)
         return HFRunner(self.model, self.cache_kw)
 
     def _finished(self, batch: _Batch, step: int, tokens: torch.Tensor, eos: torch.Tensor) -> list[bool]:
@@ -459,6 +466,9 @@ class HFRunner:
         self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
         self.positions = self.positions[:, -1:] + 1
         return self._forward(tokens.unsqueeze(1))
+
+    def remember(self, row: int, ids: list[int]) -> None:
+        """Nothing: only the fast path keeps finished sequences' keys and values."""
 
     def select(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows)
