@@ -90,11 +90,13 @@ def test_prompt_ids_are_the_rendered_template(engine):
     assert c.prompt_tokens == len(c.prompt_ids)
 
 
-@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("wide", [False, True, "binned"])
 @pytest.mark.parametrize("temperature,top_p", [(0.8, 0.9), (1.0, 1.0), (1.3, 0.5)])
 def test_logprobs_and_kept_match_a_full_forward(engine, temperature, top_p, wide, monkeypatch):
     if wide:  # every kept set takes the path for nuclei wider than WIDE_NUCLEUS
         monkeypatch.setattr(torch_engine, "WIDE_NUCLEUS", 0)
+    if wide == "binned":  # nuclei wider than a top-4 are found by `wide_nucleus`, not a sort
+        monkeypatch.setattr(torch_engine, "TOPK_FIRST", 4)
     reqs = [
         ask(p, max_tokens=10, temperature=temperature, top_p=top_p, seed=i) for i, p in enumerate(PROMPTS)
     ]
@@ -219,3 +221,27 @@ def test_sample_step_mixed_rows_and_wide_nucleus():
 def test_cut_at_stop_takes_the_earliest():
     assert cut_at_stop("abc STOP def END", ["END", "STOP"]) == ("abc ", True)
     assert cut_at_stop("abc", ["x", ""]) == ("abc", False)
+
+
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.999])
+def test_the_binned_nucleus_keeps_what_a_full_sort_keeps(top_p):
+    g = torch.Generator().manual_seed(3)
+    rows = [
+        torch.randn(5000, generator=g) * 0.3,  # flat: the nucleus is most of the vocabulary
+        torch.randn(5000, generator=g) * 4.0,  # peaked
+        torch.cat([torch.randn(4000, generator=g), torch.full((1000,), float("-inf"))]),  # masked tokens
+        torch.zeros(5000),  # all equal: one bin holds everything
+    ]
+    scaled = torch.stack(rows)
+    logz = torch.logsumexp(scaled, dim=-1)
+    keep, probs = torch_engine.wide_nucleus(scaled, logz, torch.full((4,), top_p))
+    for r in range(4):
+        order = torch.argsort(scaled[r], descending=True, stable=True)
+        p = torch.exp(scaled[r] - logz[r]).double()[order]  # the engine's probabilities, summed exactly
+        want = order[(torch.cumsum(p, 0) - p) < top_p]
+        got = keep[r].nonzero().squeeze(1)
+        if r == 3:  # ties: any int(top_p * V) + 1 of them is the rule's answer (up to rounding)
+            assert abs(len(got) - len(want)) <= 1
+        else:
+            assert got.tolist() == sorted(want.tolist())
+    torch.testing.assert_close(probs, torch.softmax(scaled, dim=-1))

@@ -22,8 +22,10 @@ Sampling (`sample_step`, a pure function over the whole batch):
   sampled token's log-prob is 0 (the point mass the token was drawn from).
 - top-p keeps the smallest prefix of the tokens sorted by probability whose mass reaches `top_p`
   (a token is kept when the mass of the tokens ranked above it is `< top_p`), then renormalises over it.
-  The nucleus is found from a `topk` of the first few hundred tokens; a batch whose nucleus is wider falls
-  back to a full sort.
+  The nucleus is found from a `topk` of the first few hundred tokens; a batch whose nucleus is wider
+  (a flat distribution, such as an untrained model's) is found without sorting the vocabulary: a
+  histogram of the logits finds the bin where the mass crosses `top_p`, and only that bin is sorted
+  (`wide_nucleus`). Its kept ids come in id order, and the token is picked by inverse CDF in that order.
 - `logprobs[i]` is the log-prob of the sampled token under the distribution actually sampled from: after
   temperature and the top-p renormalisation. `kept[i]` is the sorted list of token ids of that nucleus;
   a `None` entry means the full vocabulary (`top_p >= 1`). Kept sets are gathered as tensors during
@@ -59,6 +61,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from flywheel.errors import FlywheelError
@@ -68,6 +71,7 @@ from flywheel.protocols import Completion, Request
 ENGINE_OPTIONS = {"name", "max_context", "max_batch", "ignore_eos", "seed", "eos_ids", "fast", "prefix_cache_mb"}
 TOPK_FIRST = 256  # nucleus search width before falling back to a full sort
 WIDE_NUCLEUS = 2048  # kept sets wider than this are put in id order by marking, not sorting
+NUCLEUS_BINS = 1024  # logit bins of `wide_nucleus`
 
 
 # --------------------------------------------------------------------------------------------- prompts
@@ -112,8 +116,8 @@ class Step:
     tokens: torch.Tensor  # [B] int64
     logprobs: torch.Tensor  # [B] float32
     kept_rows: torch.Tensor | None = None  # [R] batch rows with a nucleus (top_p < 1 or greedy)
-    kept_ids: torch.Tensor | None = None  # [R, K] token ids, most probable first
-    kept_n: torch.Tensor | None = None  # [R] size of each row's nucleus (<= K)
+    kept_ids: torch.Tensor | None = None  # [R, K] token ids, most probable first; or a [R, V] bool mask
+    kept_n: torch.Tensor | None = None  # [R] size of each row's nucleus (<= K); None with a mask
 
 
 def sample_step(
@@ -147,7 +151,8 @@ def _sample_full(scaled: torch.Tensor, logz: torch.Tensor, u: torch.Tensor):
 
 
 def nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor):
-    """(sorted logits, their ids, nucleus size, probabilities) per row, truncated to the widest nucleus.
+    """(sorted logits, their ids, nucleus size, probabilities) per row, truncated to the widest nucleus;
+    None when some row's nucleus is wider than the first top-k of a large vocabulary (`wide_nucleus`).
 
     top_p 0 keeps exactly the top token (greedy).
     """
@@ -160,17 +165,55 @@ def nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor):
     probs = torch.exp(vals - logz.unsqueeze(1))
     before = torch.cumsum(probs, dim=-1) - probs
     if k < scaled.shape[1] and bool((before[:, -1] + probs[:, -1] < top_p).any()):
-        vals, ids = torch.sort(scaled, dim=-1, descending=True)
-        probs = torch.exp(vals - logz.unsqueeze(1))
-        before = torch.cumsum(probs, dim=-1) - probs
+        return None  # wider than the top-k: `wide_nucleus`
     n = (before < top_p.unsqueeze(1)).sum(dim=-1).clamp(min=1)
     width = int(n.max())
     # a copy, not a view: the kept ids outlive the step and must not pin the full sort of the vocabulary
     return vals[:, :width], ids[:, :width].to(torch.int32), n, probs[:, :width]
 
 
+def wide_nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor, bins: int = NUCLEUS_BINS):
+    """(kept mask [R, V], probabilities [R, V]): `nucleus` for rows whose nucleus is wider than a top-k,
+    without sorting the vocabulary.
+
+    Each row's logits are cut into `bins` equal bins from its maximum down (logits more than 100 below it,
+    probability under e^-100, share the last bin); one scatter-add gives each bin's probability mass. Bins
+    whose mass, with all bins above, stays within `top_p` are kept whole; the one bin where the running
+    mass crosses `top_p` is sorted alone (a few dozen tokens) and kept up to the token whose mass above is
+    still below `top_p`, the rule the full sort applies.
+    """
+    rows = scaled.shape[0]
+    probs = torch.exp(scaled - logz.unsqueeze(1))
+    top = scaled.max(dim=-1, keepdim=True).values
+    low = torch.maximum(scaled.min(dim=-1, keepdim=True).values, top - 100.0)
+    scale = bins / (top - low).clamp(min=1e-30)
+    level = (top - scaled).mul_(scale).clamp_(max=bins - 1).long()
+    wide = probs.double()  # masses summed in float64: the boundary token is decided on exact sums
+    mass = torch.zeros((rows, bins), dtype=torch.float64).scatter_add_(1, level, wide)
+    above = torch.cumsum(mass, dim=-1) - mass  # mass of the bins above each bin
+    edge = (above < top_p.unsqueeze(1)).sum(dim=-1) - 1  # the bin where the running mass crosses top_p
+    keep = level < edge.unsqueeze(1)
+    for r in range(rows):
+        cand = (level[r] == edge[r]).nonzero().squeeze(1)
+        p, order = torch.sort(wide[r, cand], descending=True)
+        inside = above[r, edge[r]] + torch.cumsum(p, dim=0) - p < top_p[r]
+        inside[0] = True  # the crossing bin holds the token that reaches top_p: at least one is kept
+        keep[r, cand[order[inside]]] = True
+    return keep, probs
+
+
 def _sample_nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor):
-    vals, ids, n, probs = nucleus(scaled, logz, top_p)
+    """(tokens, log-probs, kept, sizes): kept is [R, K] ids most probable first with their sizes, or for
+    nuclei wider than a top-k a [R, V] boolean mask (sizes None), the token picked in id order."""
+    found = nucleus(scaled, logz, top_p)
+    if found is None:
+        keep, probs = wide_nucleus(scaled, logz, top_p)
+        cdf = torch.cumsum(torch.where(keep, probs, torch.zeros_like(probs)), dim=-1)
+        mass = cdf[:, -1:]
+        tok = torch.searchsorted(cdf, u.unsqueeze(1) * mass, right=True).squeeze(1).clamp(max=scaled.shape[1] - 1)
+        lp = torch.log(probs.gather(1, tok.unsqueeze(1)) / mass).squeeze(1)
+        return tok, lp, keep, None
+    vals, ids, n, probs = found
     inside = torch.arange(vals.shape[1]).unsqueeze(0) < n.unsqueeze(1)
     cdf = torch.cumsum(torch.where(inside, probs, torch.zeros_like(probs)), dim=-1)
     mass = cdf.gather(1, (n - 1).unsqueeze(1))
@@ -414,7 +457,7 @@ class _Batch:
         self.logprob_buf[self.row_index, step] = s.logprobs
         if s.kept_rows is not None:
             kept_rows = [self.rows[j] for j in s.kept_rows.tolist()]
-            self.kept_log.append((kept_rows, s.kept_ids, s.kept_n.tolist()))
+            self.kept_log.append((kept_rows, s.kept_ids, s.kept_n.tolist() if s.kept_n is not None else []))
         else:
             self.kept_log.append(([], torch.empty(0), []))
 
@@ -435,13 +478,17 @@ class _Batch:
         for step, (rows, ids, sizes) in enumerate(self.kept_log):
             if not rows:
                 continue
+            if ids.dtype == torch.bool:  # a wide nucleus, already a mask over the vocabulary
+                for j, row in enumerate(rows):
+                    self.all_seqs[row].kept[step] = np.flatnonzero(ids[j].numpy()).tolist()
+                continue
             n = torch.tensor(sizes).unsqueeze(1)
             inside = torch.arange(ids.shape[1]).unsqueeze(0) < n
             if ids.shape[1] > WIDE_NUCLEUS:  # marking the ids and reading them back in order beats a sort
                 marks = torch.zeros((len(rows), int(ids.max()) + 1), dtype=torch.bool)
                 marks.scatter_(1, torch.where(inside, ids, ids[:, :1]), True)
                 for j, row in enumerate(rows):
-                    self.all_seqs[row].kept[step] = marks[j].nonzero().flatten().tolist()
+                    self.all_seqs[row].kept[step] = np.flatnonzero(marks[j].numpy()).tolist()
                 continue
             by_id = torch.where(inside, ids, torch.iinfo(ids.dtype).max).sort(dim=1).values.tolist()
             for row, size, kept in zip(rows, sizes, by_id, strict=True):
