@@ -110,6 +110,20 @@ def test_pytest_inside_loads_no_plugin_by_itself(sandbox, ws):
     assert "plugins:" not in result.output  # the header lists autoloaded plugins when there are any
 
 
+def test_an_edit_that_keeps_size_and_mtime_is_never_hidden_by_bytecode(sandbox, ws):
+    import os
+
+    module = ws / "m.py"
+    module.write_text("X = 1\n")
+    read = [sys.executable, "-c", "import m; print(m.X)"]
+    assert sandbox.run(ws, read).output.strip() == "1"
+    stamp = module.stat().st_mtime_ns
+    module.write_text("X = 2\n")  # same size; the same mtime is what an edit within a second looks like
+    os.utime(module, ns=(stamp, stamp))
+    assert sandbox.run(ws, read).output.strip() == "2"
+    assert not (ws / "__pycache__").exists()
+
+
 def test_extra_mounts(sandbox, ws, tmp_path, py):
     plugin, report = tmp_path / "plugin", tmp_path / "report"
     plugin.mkdir()

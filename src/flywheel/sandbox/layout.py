@@ -10,7 +10,7 @@ package (the HumanEval problems with their canonical solutions).
 The /etc subset is copied once into a private directory (removed at exit) and mounted as one /etc: each
 mount adds about a millisecond to every sandbox start, so one mount instead of fifteen. The environment
 every run starts from is here too: `PATH` beginning with the runtime's bin directories, `HOME` and
-`TMPDIR` at the private /tmp, and no pytest plugin autoloading.
+`TMPDIR` at the private /tmp, no pytest plugin autoloading and no bytecode written.
 """
 
 from __future__ import annotations
@@ -139,6 +139,10 @@ def base_env(path: str, home: str) -> dict[str, str]:
 
     pytest does not autoload plugins: the runtime is this project's own environment, whose plugins (anyio's,
     pytest-timeout) no task needs and which nearly double the start-up of every test run (0.53 s against
-    0.30 s for a toybugs task's tests). A task that needs a plugin names it (`-p NAME`) in its command."""
+    0.30 s for a toybugs task's tests). A task that needs a plugin names it (`-p NAME`) in its command.
+
+    Python writes no bytecode: a cached `.pyc` is trusted when its source has the same size and the same
+    mtime in whole seconds, so an edit that keeps the size (`<` for `>`) made within a second of the last
+    run would silently run the old code (planted bugs in `flywheel tasks synth` vanished this way)."""
     return {"PATH": path, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}

@@ -389,7 +389,9 @@ def synthesize(
         def evaluate(item: tuple[str, Mutant], i: int) -> SuiteRun:
             path, mutant = item
             ws = Path(tmp) / f"cand-{i}"
-            shutil.copytree(pristine, ws)
+            # without the baseline's bytecode: a .pyc is trusted when its source keeps its size and its mtime
+            # in whole seconds, so a same-size mutant written within a second would run the original code
+            shutil.copytree(pristine, ws, ignore=shutil.ignore_patterns("__pycache__"))
             (ws / path).write_text(mutant.source)
             try:
                 return run_suite(ws, test_paths, sandbox=sandbox, timeout_s=limit)
