@@ -194,8 +194,9 @@ def test_real_runs_that_time_out_or_break_collection_are_dropped(tmp_path):
 def test_synth_command_writes_gradable_tasks(tmp_path):
     src = write_project(tmp_path / "calc-1.0")
     out = tmp_path / "out"
-    # A generous per-candidate limit: on a loaded machine the default (3x the baseline + 5 s) can drop a
+    # A generous per-candidate limit: on a loaded machine the default (3x the baseline + 5 s) could drop a
     # slow candidate as a timeout, and the round-robin check below would then see a repeated function.
+    # (The same symptom came from stale bytecode, fixed in `synth`: a same-size mutant ran the original.)
     r = flywheel(
         "tasks", "synth", "--from-dir", src, "--out", out, "--max", "3", "--seed", "0", "--timeout", "120"
     )
