@@ -35,8 +35,8 @@ Weights: every call reads the parameters of the HF modules it is given (`layer.s
 and so on), so an optimizer that updates the model in place between calls is seen by the next call. The
 one thing derived from weights that is kept, the `PrefixStore`, is emptied whenever the weights change:
 each call compares a fingerprint of every parameter (its version counter, its sum and its sum of squares),
-which catches in-place updates through any path, `.data` and numpy views included. The rotary inverse frequencies (`rotary_emb.inv_freq`, a buffer,
-not a weight) are read each call too.
+which catches in-place updates through any path, `.data` and numpy views included. The rotary inverse
+frequencies (`rotary_emb.inv_freq`, a buffer, not a weight) are read each call too.
 
 What is not covered (those models fall back to the HF forward): architectures other than
 `LlamaForCausalLM`, activations other than SiLU, `pretraining_tp > 1`, and rotary variants whose

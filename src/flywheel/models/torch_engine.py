@@ -14,8 +14,8 @@ The forward behind the loop is a "runner" (`prefill`, `step`, `select`): for a `
 hand-written forward of `flywheel.models.fastllama` over a preallocated KV cache; for any other causal LM
 (or with `fast=False`), `HFRunner`, the model's own forward with a `DynamicCache`. Both read the model's
 parameters at every call, so weights updated in place between `generate` calls (an optimizer step) are
-used by the next call; the prefix store, the one thing derived from weights that is kept, is dropped then. `engine.slow_reason` says why the fast
-path is off (None when on).
+used by the next call; the prefix store, the one thing derived from weights that is kept, is dropped then.
+`engine.slow_reason` says why the fast path is off (None when on).
 
 Sampling (`sample_step`, a pure function over the whole batch):
 - temperature `t > 0` scales the logits by `1/t`; `t == 0` is greedy: the kept set is `[argmax]` and the
@@ -478,17 +478,16 @@ class _Batch:
         for step, (rows, ids, sizes) in enumerate(self.kept_log):
             if not rows:
                 continue
-            if ids.dtype == torch.bool:  # a wide nucleus, already a mask over the vocabulary
+            if ids.dtype != torch.bool:
+                n = torch.tensor(sizes).unsqueeze(1)
+                inside = torch.arange(ids.shape[1]).unsqueeze(0) < n
+            if ids.dtype != torch.bool and ids.shape[1] > WIDE_NUCLEUS:
+                # marking the ids and reading them back in order beats a sort
+                marks = torch.zeros((len(rows), int(ids.max()) + 1), dtype=torch.bool)
+                ids = marks.scatter_(1, torch.where(inside, ids, ids[:, :1]), True)
+            if ids.dtype == torch.bool:  # a mask over the vocabulary (`wide_nucleus` gives one directly)
                 for j, row in enumerate(rows):
                     self.all_seqs[row].kept[step] = np.flatnonzero(ids[j].numpy()).tolist()
-                continue
-            n = torch.tensor(sizes).unsqueeze(1)
-            inside = torch.arange(ids.shape[1]).unsqueeze(0) < n
-            if ids.shape[1] > WIDE_NUCLEUS:  # marking the ids and reading them back in order beats a sort
-                marks = torch.zeros((len(rows), int(ids.max()) + 1), dtype=torch.bool)
-                marks.scatter_(1, torch.where(inside, ids, ids[:, :1]), True)
-                for j, row in enumerate(rows):
-                    self.all_seqs[row].kept[step] = np.flatnonzero(marks[j].numpy()).tolist()
                 continue
             by_id = torch.where(inside, ids, torch.iinfo(ids.dtype).max).sort(dim=1).values.tolist()
             for row, size, kept in zip(rows, sizes, by_id, strict=True):

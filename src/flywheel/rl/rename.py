@@ -28,43 +28,11 @@ from pathlib import Path
 from typing import Any
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ONSETS = (
-    "b",
-    "d",
-    "f",
-    "g",
-    "k",
-    "l",
-    "m",
-    "n",
-    "p",
-    "r",
-    "s",
-    "t",
-    "v",
-    "z",
-    "br",
-    "gr",
-    "st",
-    "tr",
-    "pl",
-    "sh",
-)
+_ONSETS = tuple("bdfgklmnprstvz") + ("br", "gr", "st", "tr", "pl", "sh")
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
 _CODAS = ("", "", "", "n", "r", "s", "l", "k", "x")
-_FIXED = {
-    "self",
-    "cls",
-    "pytest",
-    "tests",
-    "test",
-    "raises",
-    "approx",
-    "fixture",
-    "mark",
-    "parametrize",
-    "main",
-}
+_PYTEST = {"pytest", "raises", "approx", "fixture", "mark", "parametrize"}
+_FIXED = {"self", "cls", "main", "test", "tests"} | _PYTEST
 
 
 def protected_words() -> set[str]:

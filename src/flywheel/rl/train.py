@@ -185,9 +185,7 @@ class Run:
         path = self.out / "trajectories.jsonl"
         if not path.exists():
             return []
-        keys = ("success", "policy_version", "step")
-        return [{"task_id": r.get("renamed_from", r["task_id"]), **{k: r[k] for k in keys}}
-                for r in map(json.loads, path.read_text().splitlines())]
+        return [history_row(r, r["step"]) for r in map(json.loads, path.read_text().splitlines())]
 
     def append(self, name: str, rows: list[dict[str, Any]]) -> None:
         with (self.out / name).open("a") as f:
@@ -199,6 +197,12 @@ class Run:
         done = sorted(self.ckpt_dir.glob("step-*"))
         for old in done[:-KEEP_CHECKPOINTS]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def history_row(record: dict[str, Any], step: int) -> dict[str, Any]:
+    """What re-curation needs of a rollout; a renamed copy counts toward its original task."""
+    return {"task_id": record.get("renamed_from", record["task_id"]), "success": record["success"],
+            "policy_version": record["policy_version"], "step": step}
 
 
 def lite(record: dict[str, Any]) -> dict[str, Any]:
@@ -294,8 +298,7 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
             t1 = time.perf_counter()
             metrics = trainer.step(records)
             metrics["eligible_tasks"] = float(len(pool))
-            history += [{"task_id": r.get("renamed_from", r["task_id"]), "success": r["success"], "policy_version": r["policy_version"],
-                         "step": step} for r in records]
+            history += [history_row(r, step) for r in records]
             t2 = time.perf_counter()
             row = rounded(metrics, step, trainer.version)
             run.append("metrics.jsonl", [row])
