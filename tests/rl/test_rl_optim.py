@@ -217,3 +217,26 @@ def test_tiny_llama_from_transformers():
     assert len(muon) == 7  # q, k, v, o, gate, up, down
     ids = [id(p) for members in groups.values() for _, p in members]
     assert sorted(ids) == sorted(id(p) for p in model.parameters())
+
+
+def test_train_top_layers_freezes_everything_below_them():
+    from flywheel.rl.optim import train_top_layers
+
+    model = make_model("tied")
+    n = train_top_layers(model, 1)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {name for name, _ in model.named_parameters() if name.startswith(("layers.1.", "norm."))}
+    assert n == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    train_step(model, build_optimizer(model, "muon", lr=1e-2), seed=0)
+    moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert moved and all(k.startswith(("layers.1.", "norm.")) for k in moved), moved
+    assert train_top_layers(model, 0) == sum(p.numel() for p in model.parameters())  # 0: all of them
+
+
+@pytest.mark.parametrize("k", [-1, 3])
+def test_train_top_layers_refuses_a_count_the_model_does_not_have(k):
+    from flywheel.rl.optim import train_top_layers
+
+    with pytest.raises(ValueError, match=f"train_layers = {k}"):
+        train_top_layers(make_model(), k)

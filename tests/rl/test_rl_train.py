@@ -229,3 +229,29 @@ def test_training_on_renamed_copies_of_its_tasks(base, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "r" / "trajectories.jsonl").read_text().splitlines()]
     assert {r["task_id"] for r in records} == set(copies)
     assert all(r["task_id"] == r["renamed_from"] + ".s000001" for r in records)
+
+
+def test_sft_from_a_pretrained_model_trains_only_its_top_layers(base, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    cfg = load_config(ROOT / "configs" / "sft-quick.toml", SftConfig)
+    cfg.model.init, cfg.train.train_layers, cfg.train.copy_steps = f"hf:{base}", 1, 0
+    out = run_sft(cfg, tmp_path / "tuned")
+    before, after = load_file(base / "model.safetensors"), load_file(out / "model.safetensors")
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.startswith(("model.layers.1.", "model.norm.")) for k in changed), changed
+    assert (out / "tokenizer.json").read_text() == (base / "tokenizer.json").read_text()
+
+
+def test_sft_refuses_more_train_layers_than_the_model_has(base, tmp_path, capsys):
+    from flywheel.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f"[data]\nepisodes = 2\nconcurrency = 2\n[model]\ninit = \"hf:{base}\"\n[train]\ntrain_layers = 9\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["sft", str(bad), "--out", str(tmp_path / "tuned")])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the loader's progress bar: one line naming the key
+    assert exit_.value.code == 2 and last == "flywheel: error: train.train_layers = 9: the model has 2 decoder layers"
+    assert not (tmp_path / "tuned").exists() and not (tmp_path / ".tuned.building").exists()

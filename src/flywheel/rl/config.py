@@ -78,6 +78,7 @@ class OptimConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     updates_per_step: int = 1
+    train_layers: int = 0  # train only the top N decoder layers and the final norm (0: every parameter)
 
 
 @dataclass

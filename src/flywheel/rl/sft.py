@@ -54,7 +54,8 @@ class SftDataConfig:
 
 @dataclass
 class SftModelConfig:
-    vocab_size: int = 1024
+    init: str = ""  # start from this model (smollm2-135m, hf:PATH) and its tokenizer; "": a new tiny model
+    vocab_size: int = 1024  # the fields below shape a new tiny model only
     hidden: int = 128
     layers: int = 4
     heads: int = 4
@@ -73,6 +74,7 @@ class SftTrainConfig:
     copy_batch_size: int = 32
     warmup_steps: int = 20
     threads: int = 1  # torch intra-op threads (0: torch's default)
+    train_layers: int = 0  # train only the top N decoder layers and the final norm (0: every parameter)
 
 
 @dataclass
@@ -256,10 +258,15 @@ def collate(examples: list[tuple[list[int], list[float]]], pad_id: int):
 
 def weighted_loss(model, ids, mask, weights) -> tuple[torch.Tensor, torch.Tensor]:
     """(objective, target loss): next-token cross-entropy averaged with `weights` over the predicted
-    tokens, and the same restricted to the weight-1 tokens (the actions; what the log reports)."""
-    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
-    w = weights[:, 1:].flatten()
+    tokens, and the same restricted to the weight-1 tokens (the actions; what the log reports).
+
+    The output head runs only where the weight is not 0 (for a 49k vocabulary it is the costly part)."""
+    hidden = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
+    w = weights[:, 1:]
+    at = w > 0
+    logits = model.get_output_embeddings()(hidden[at]).float()
+    ce = torch.nn.functional.cross_entropy(logits, ids[:, 1:][at], reduction="none")
+    w = w[at]
     target = (w == 1.0).float()
     return (ce * w).sum() / w.sum().clamp(min=1e-9), (ce * target).sum().detach() / target.sum().clamp(min=1)
 
@@ -268,7 +275,7 @@ def _optimize(model, opt, objective: torch.Tensor) -> torch.Tensor:
     """One optimizer step on `objective`, gradients clipped to norm 1; returns the norm before clipping."""
     opt.zero_grad(set_to_none=True)
     objective.backward()
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
     opt.step()
     return norm
 
@@ -285,7 +292,8 @@ def train_model(model, tokenizer, examples, cfg: SftConfig, log) -> None:
     rng = random.Random(cfg.seed)
     per_epoch = math.ceil(len(examples) / cfg.train.batch_size)
     total = max(1, int(per_epoch * cfg.train.epochs))
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=0.0, betas=(0.9, 0.95))
     model.train()
     step = 0
     with progress("sft", total) as advance:
@@ -323,7 +331,8 @@ def pretrain_copy(model, tokenizer, streams: list[list[int]], cfg: SftConfig, lo
     rng = random.Random(cfg.seed + 1)
     streams = [s for s in streams if len(s) >= 40]
     steps, t = cfg.train.copy_steps, cfg.train
-    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, weight_decay=0.0,
+                            betas=(0.9, 0.95))
     model.train()
     with progress("copy pretraining", steps) as advance:
         for step in range(steps):
@@ -340,6 +349,7 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
     """Collect, build, train and save the base policy into `out` (which must not exist or be empty)."""
     from flywheel.models.tiny import build_tiny_model
     from flywheel.models.torch_engine import load_torch_model
+    from flywheel.rl.optim import train_top_layers
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -358,10 +368,22 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
     work = out.parent / f".{out.name}.building"
     shutil.rmtree(work, ignore_errors=True)
     m = cfg.model
-    build_tiny_model(work, texts, vocab_size=m.vocab_size, hidden=m.hidden, layers=m.layers, heads=m.heads,
-                     max_positions=m.max_positions, seed=cfg.seed, max_token_chars=m.max_token_chars)
-    engine = load_torch_model(f"hf:{work}")
+    if m.init:
+        engine = load_torch_model(m.init)
+        work.mkdir(parents=True)
+        engine.tokenizer.save_pretrained(work)
+    else:
+        build_tiny_model(work, texts, vocab_size=m.vocab_size, hidden=m.hidden, layers=m.layers, heads=m.heads,
+                         max_positions=m.max_positions, seed=cfg.seed, max_token_chars=m.max_token_chars)
+        engine = load_torch_model(f"hf:{work}")
     model, tokenizer = engine.model, engine.tokenizer
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    try:
+        train_top_layers(model, cfg.train.train_layers)
+    except ValueError as e:
+        shutil.rmtree(work, ignore_errors=True)
+        raise FlywheelError(f"train.{e}") from None
     examples = [encode(tokenizer, conv, cfg.train.max_len, cfg.train.context_weight) for conv in conversations]
     lines: list[str] = []
     torch.manual_seed(cfg.seed)

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from flywheel.errors import FlywheelError
 from flywheel.rl.config import RunConfig
 from flywheel.rl.objective import (
     advantages_flat,
@@ -46,7 +47,7 @@ from flywheel.rl.objective import (
     replay_log_probs,
     reward,
 )
-from flywheel.rl.optim import build_optimizer
+from flywheel.rl.optim import build_optimizer, train_top_layers
 from flywheel.rl.pack import PrefixPack, pack_groups
 from flywheel.rl.rollout import reward_cost
 
@@ -96,6 +97,10 @@ class Trainer:
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
         self.lambdas = dict(lambdas)
         o = cfg.optim
+        try:
+            train_top_layers(model, o.train_layers)
+        except ValueError as e:
+            raise FlywheelError(f"optim.{e}") from None
         self.optimizer = build_optimizer(model, o.kind, lr=o.lr, muon_lr=o.muon_lr or None,
                                          weight_decay=o.weight_decay)
         self.version = 0
