@@ -37,7 +37,9 @@ COMPLETE = ".complete"
 def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32):
     """(model, tokenizer) from an HF-format directory; the model is in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a bar per load on stderr buries the one-line errors and our own progress
     root = Path(path)
     if not (root / "config.json").is_file():
         raise FlywheelError(f"{root}: not an HF model directory (no config.json)")
