@@ -271,11 +271,15 @@ def weighted_loss(model, ids, mask, weights) -> tuple[torch.Tensor, torch.Tensor
     return (ce * w).sum() / w.sum().clamp(min=1e-9), (ce * target).sum().detach() / target.sum().clamp(min=1)
 
 
+def _trainable(model) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def _optimize(model, opt, objective: torch.Tensor) -> torch.Tensor:
     """One optimizer step on `objective`, gradients clipped to norm 1; returns the norm before clipping."""
     opt.zero_grad(set_to_none=True)
     objective.backward()
-    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+    norm = torch.nn.utils.clip_grad_norm_(_trainable(model), 1.0)
     opt.step()
     return norm
 
@@ -292,8 +296,7 @@ def train_model(model, tokenizer, examples, cfg: SftConfig, log) -> None:
     rng = random.Random(cfg.seed)
     per_epoch = math.ceil(len(examples) / cfg.train.batch_size)
     total = max(1, int(per_epoch * cfg.train.epochs))
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(_trainable(model), lr=cfg.train.lr, weight_decay=0.0, betas=(0.9, 0.95))
     model.train()
     step = 0
     with progress("sft", total) as advance:
@@ -331,8 +334,7 @@ def pretrain_copy(model, tokenizer, streams: list[list[int]], cfg: SftConfig, lo
     rng = random.Random(cfg.seed + 1)
     streams = [s for s in streams if len(s) >= 40]
     steps, t = cfg.train.copy_steps, cfg.train
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=t.lr, weight_decay=0.0,
-                            betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(_trainable(model), lr=t.lr, weight_decay=0.0, betas=(0.9, 0.95))
     model.train()
     with progress("copy pretraining", steps) as advance:
         for step in range(steps):
