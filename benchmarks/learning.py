@@ -84,10 +84,9 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], help="KEY=VALUE config override (repeatable)")
     args = ap.parse_args()
 
-    from flywheel.models.torch_engine import load_torch_model
     from flywheel.rl.config import load_config
     from flywheel.rl.measure import evaluate_policy, run_calibration
-    from flywheel.rl.train import load_tasks, setup_torch, train
+    from flywheel.rl.train import load_engine, load_tasks, setup_torch, train
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -108,13 +107,13 @@ def main() -> None:
     if args.base_eval:
         before = json.loads(Path(args.base_eval).read_text())["base"]
     else:
-        engine = load_torch_model(f"hf:{args.base}", max_context=cfg.model.max_context, seed=cfg.seed)
+        engine = load_engine(cfg, f"hf:{args.base}")
         before = evaluate_policy(engine, heldout, cfg, out / "eval-base")
     t1 = time.perf_counter()
     rows = train(cfg, out / "train")
     t2 = time.perf_counter()
     latest = sorted((out / "train" / "checkpoints").glob("step-*"))[-1]
-    engine = load_torch_model(f"hf:{latest}", max_context=cfg.model.max_context, seed=cfg.seed)
+    engine = load_engine(cfg, f"hf:{latest}")
     after = evaluate_policy(engine, heldout, cfg, out / "eval-trained")
     result = {"variant": args.variant, "steps": len(rows), "train_minutes": round((t2 - t1) / 60, 1),
               "total_minutes": round((time.perf_counter() - t0) / 60, 1), "base": before, "trained": after,

@@ -86,10 +86,9 @@ def plot(before: dict, after: dict, path: Path) -> None:
 
 
 def main() -> None:
-    from flywheel.models.torch_engine import load_torch_model
     from flywheel.rl.config import load_config
     from flywheel.rl.measure import evaluate_policy, run_calibration
-    from flywheel.rl.train import load_tasks, setup_torch, train
+    from flywheel.rl.train import load_engine, load_tasks, setup_torch, train
     from flywheel.tasks import load_suite
 
     configs = configs_dir()
@@ -112,13 +111,13 @@ def main() -> None:
     heldout = heldout[:: max(1, len(heldout) // n_eval)][:n_eval]
     setup_torch(cfg)
     stage(4, f"evaluating the base on {len(heldout)} held-out tasks ...")
-    engine = load_torch_model(f"hf:{base}", max_context=cfg.model.max_context, seed=cfg.seed)
+    engine = load_engine(cfg, f"hf:{base}")
     before = evaluate_policy(engine, heldout, cfg, out / "eval-base")
     stage(5, f"training for {cfg.train.steps} steps ...")
     train(cfg, out / "train")
     latest = sorted((out / "train" / "checkpoints").glob("step-*"))[-1]
     stage(6, "evaluating the trained policy ...")
-    engine = load_torch_model(f"hf:{latest}", max_context=cfg.model.max_context, seed=cfg.seed)
+    engine = load_engine(cfg, f"hf:{latest}")
     after = evaluate_policy(engine, heldout, cfg, out / "eval-trained")
     (out / "results.json").write_text(json.dumps({"base": before, "trained": after}, indent=1) + "\n")
     plot(before, after, out / "pareto.png")

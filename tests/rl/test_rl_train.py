@@ -254,3 +254,13 @@ def test_sft_refuses_more_train_layers_than_the_model_has(base, tmp_path, capsys
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err == "flywheel: error: train.train_layers = 9: the model has 2 decoder layers\n"
     assert not (tmp_path / "tuned").exists() and not (tmp_path / ".tuned.building").exists()
+
+
+def test_the_runs_engine_keeps_the_prefix_cache_the_config_asks_for(base):
+    from flywheel.rl.train import load_engine
+
+    cfg = quick(base)
+    cfg.model.prefix_cache_mb = 8
+    assert load_engine(cfg).prefix_store.max_bytes == 8 << 20
+    cfg.model.prefix_cache_mb = 0
+    assert load_engine(cfg).prefix_store is None

@@ -25,6 +25,7 @@ from flywheel.errors import FlywheelError
 class ModelConfig:
     path: str = ""  # `hf:DIR`, `smollm2-135m`, or a directory made by `flywheel sft`
     max_context: int = 2048  # prompt + generation, in tokens
+    prefix_cache_mb: int = 512  # keys and values of earlier turns kept for the next turn's prompt (0: off)
 
 
 @dataclass

@@ -49,14 +49,13 @@ def measure_ladder(engine, tasks: Sequence[Any], cfg: RunConfig, factors: Sequen
 def run_calibration(cfg: RunConfig, out: Path, *, factors: Sequence[float] = LADDER, samples: int = 2,
                     limit: int = 16, split: str = "train") -> dict[str, Any]:
     """Measure the base policy's ladders, calibrate λ per effort, write calibration.json/.png into `out`."""
-    from flywheel.models.torch_engine import load_torch_model
     from flywheel.progress import progress
     from flywheel.rl.calibrate import calibrate, plot_calibration
-    from flywheel.rl.train import load_tasks, model_spec, setup_torch
+    from flywheel.rl.train import load_engine, load_tasks, setup_torch
 
     setup_torch(cfg)
     tasks = load_tasks(cfg, split=split, limit=limit)
-    engine = load_torch_model(model_spec(cfg.model.path), max_context=cfg.model.max_context, seed=cfg.seed)
+    engine = load_engine(cfg)
     total = len(tasks) * samples * len(factors) * len(cfg.rollout.efforts)
     with progress("calibrate", total) as advance:
         ladders = measure_ladder(engine, tasks, cfg, factors, samples, on_record=lambda r: advance())

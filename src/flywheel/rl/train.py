@@ -51,6 +51,14 @@ def model_spec(path: str) -> str:
     return f"hf:{path}"
 
 
+def load_engine(cfg: RunConfig, spec: str = ""):
+    """The run's torch engine on `spec` (default: the run's base model) with the `[model]` settings."""
+    from flywheel.models.torch_engine import load_torch_model
+
+    return load_torch_model(spec or model_spec(cfg.model.path), max_context=cfg.model.max_context, seed=cfg.seed,
+                            prefix_cache_mb=cfg.model.prefix_cache_mb)
+
+
 def resolve_lambdas(cfg: RunConfig) -> dict[str, float]:
     """λ per effort: explicit values, else the calibration file's, else 0."""
     from_file: dict[str, float] = {}
@@ -217,11 +225,10 @@ def rounded(metrics: dict[str, float], step: int, version: int) -> dict[str, Any
 
 def make_trainer(cfg: RunConfig):
     """A fresh `Trainer` on the run's base model (a factory the distributed backends call where they run)."""
-    from flywheel.models.torch_engine import load_torch_model
     from flywheel.rl.trainer import Trainer
 
     setup_torch(cfg)
-    engine = load_torch_model(model_spec(cfg.model.path), max_context=cfg.model.max_context, seed=cfg.seed)
+    engine = load_engine(cfg)
     return Trainer(engine.model, engine.tokenizer, cfg, resolve_lambdas(cfg))
 
 
@@ -255,7 +262,6 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
         run_loop(lcfg, partial(make_trainer, cfg), load_tasks(cfg), out)
         path = Path(out) / "metrics.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    from flywheel.models.torch_engine import load_torch_model
     from flywheel.progress import progress
     from flywheel.rl.rollout import efforts_for, make_specs, rollout
     from flywheel.rl.trainer import Trainer, score
@@ -269,7 +275,7 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
     setup_torch(cfg)
     run = Run(out)
     run.out.mkdir(parents=True, exist_ok=True)
-    engine = load_torch_model(spec, max_context=cfg.model.max_context, seed=cfg.seed)
+    engine = load_engine(cfg, spec)
     trainer = Trainer(engine.model, engine.tokenizer, cfg, lambdas)
     start = 0
     latest = run.latest_checkpoint()
