@@ -81,6 +81,29 @@ def test_every_ending_is_typed_and_recorded(clamp_task, ending, model, overrides
         assert rec["format_errors"] == HarnessConfig().max_format_errors
 
 
+def test_the_time_limit_counts_an_attempts_own_seconds_not_its_neighbours(clamp_task):
+    """Two attempts share each 0.2 s generate call: the one that writes 1 token in 100 is charged 1% of it."""
+    import time
+
+    first: list[str] = []
+
+    def reply(r):
+        first.append(first[0] if first else r.meta["episode"])
+        tokens = 1 if r.meta["episode"] == first[0] else 99
+        return Completion('<view path="mathx.py"/>', prompt_tokens=10, completion_tokens=tokens)
+
+    class Slow(FakeModel):
+        def generate(self, requests):
+            time.sleep(0.2)
+            return super().generate(requests)
+
+    level = get_effort("medium", wall_s=0.5, max_turns=5)
+    specs = [EpisodeSpec(clamp_task, level, seed=s) for s in (0, 1)]
+    recs = run_episodes(specs, Slow(reply), concurrency=2)
+    endings = {r["id"] == first[0]: r["ending"] for r in recs}
+    assert endings == {True: "turn_limit", False: "time_limit"}
+
+
 def test_endings_list_is_complete():
     assert set(ENDINGS) == {
         "submitted", "turn_limit", "token_limit", "time_limit", "cost_limit",

@@ -9,8 +9,9 @@ model errored.
 
 Cost is counted per episode from its own usage: prompt and completion tokens, and its compute seconds —
 the time its tools took plus its share of each batched generation call (by completion tokens), so that
-the cost of an attempt does not depend on how many other episodes ran beside it. `wall_s` is the elapsed
-time a user would have waited.
+the cost of an attempt does not depend on how many other episodes ran beside it. The effort's time limit
+counts the same seconds, for the same reason; the record's `wall_s` is the elapsed time a user would have
+waited.
 """
 
 from __future__ import annotations
@@ -266,7 +267,7 @@ def budget_ending(ep: Episode, cfg: HarnessConfig) -> str | None:
         return "turn_limit"
     if ep.completion_tokens >= e.max_tokens:
         return "token_limit"
-    if time.perf_counter() - ep.start >= e.wall_s:
+    if ep.tool_s + ep.gen_s >= e.wall_s:  # its own seconds: the limit does not tighten with batch size
         return "time_limit"
     if episode_cost(ep, cfg) >= e.max_cost:
         return "cost_limit"

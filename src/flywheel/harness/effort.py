@@ -15,7 +15,7 @@ class Effort:
     marker: str  # the line added to the system prompt
     max_turns: int  # model turns before the episode ends with `turn_limit`
     max_tokens: int  # completion tokens over the whole episode (`token_limit`)
-    wall_s: float  # wall-clock seconds for the whole attempt (`time_limit`)
+    wall_s: float  # seconds for the whole attempt: its tool time and its share of generation (`time_limit`)
     max_cost: float  # dollars (`cost_limit`)
     turn_tokens: int = 256  # completion tokens per model turn
 
