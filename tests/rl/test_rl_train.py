@@ -264,3 +264,19 @@ def test_the_runs_engine_keeps_the_prefix_cache_the_config_asks_for(base):
     assert load_engine(cfg).prefix_store.max_bytes == 8 << 20
     cfg.model.prefix_cache_mb = 0
     assert load_engine(cfg).prefix_store is None
+
+
+def test_calibrate_measures_every_rung_of_every_level_and_writes_lambdas(base, tmp_path, capsys):
+    from flywheel.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["calibrate", str(ROOT / "configs" / "quick.toml"), "--model", str(base), "--out", str(tmp_path),
+              "--limit", "2", "--samples", "1"])
+    assert exit_.value.code == 0, capsys.readouterr().err
+    printed = json.loads(capsys.readouterr().out)
+    data = json.loads((tmp_path / "calibration.json").read_text())
+    assert list(data["ladders"]) == ["medium", "high", "max"] and printed["lambdas"] == data["lambdas"]
+    for rungs in data["ladders"].values():
+        assert [f for f, _, _ in rungs] == data["factors"] == [0.5, 1.0, 2.0]
+        assert all(cost > 0 and 0.0 <= success <= 1.0 for _, cost, success in rungs)
+    assert (tmp_path / "calibration.png").stat().st_size > 0

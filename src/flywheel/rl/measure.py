@@ -28,21 +28,32 @@ LADDER = (0.5, 1.0, 2.0)
 
 def measure_ladder(engine, tasks: Sequence[Any], cfg: RunConfig, factors: Sequence[float] = LADDER,
                    samples: int = 2, on_record=None) -> dict[str, list[tuple[float, float, float]]]:
-    """effort -> [(factor, mean cost, success rate)] for each rung of the ladder."""
+    """effort -> [(factor, mean cost, success rate)] for each rung of the ladder.
+
+    Every rung of every level runs in one rollout, so the engine batches up to `rollout.concurrency`
+    episodes even when each rung has only a few tasks; rung k's samples are indices k·samples and on.
+    """
     from flywheel.rl.rollout import efforts_for, make_specs, reward_cost, rollout
     from flywheel.rl.train import harness_config
 
-    out: dict[str, list[tuple[float, float, float]]] = {}
+    seed = stable_seed(cfg.seed, "calibrate") % 2**31
+    rung_of, specs = {}, []
     for base in efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens, cfg.deterministic):
-        rungs = []
-        for f in factors:
+        for k, f in enumerate(factors):
             level = replace(base, max_turns=max(1, round(base.max_turns * f)), max_tokens=max(1, round(base.max_tokens * f)))
-            specs = make_specs(tasks, [level], samples, seed=stable_seed(cfg.seed, "calibrate") % 2**31)
-            records = rollout(engine, specs, harness_config(cfg, 0), concurrency=cfg.rollout.concurrency,
-                              on_record=on_record)
-            cost = statistics.fmean(reward_cost(r, cfg.deterministic) for r in records)
-            rungs.append((f, cost, statistics.fmean(float(r["success"]) for r in records)))
-        out[base.name] = rungs
+            for spec in make_specs(tasks, [level], samples, seed=seed):
+                spec = replace(spec, index=k * samples + spec.index)
+                rung_of[spec.id] = (base.name, f)
+                specs.append(spec)
+    records = rollout(engine, specs, harness_config(cfg, 0), concurrency=cfg.rollout.concurrency, on_record=on_record)
+    by_rung: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in records:
+        by_rung.setdefault(rung_of[r["id"]], []).append(r)
+    out: dict[str, list[tuple[float, float, float]]] = {}
+    for name, f in dict.fromkeys(rung_of.values()):  # levels and rungs in the order asked
+        rs = by_rung[name, f]
+        cost = statistics.fmean(reward_cost(r, cfg.deterministic) for r in rs)
+        out.setdefault(name, []).append((f, cost, statistics.fmean(float(r["success"]) for r in rs)))
     return out
 
 
