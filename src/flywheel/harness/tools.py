@@ -78,12 +78,17 @@ class Tools:
             return ToolResult(f"error: {path} is not a file", ok=False)
         text = target.read_text(errors="replace")
         count = text.count(old)
-        if count != 1:
+        if count == 1:
+            target.write_text(text.replace(old, new, 1))
+            line = text[: text.index(old)].count("\n") + 1
+            return ToolResult(f"edited {path} at line {line}", edited=True)
+        loose = reindented_edit(text, old, new) if count == 0 else None
+        if loose is None:
             what = "not found" if count == 0 else f"found {count} times; make it unique"
             return ToolResult(f"error: the old text was {what} in {path}", ok=False)
-        target.write_text(text.replace(old, new, 1))
-        line = text[: text.index(old)].count("\n") + 1
-        return ToolResult(f"edited {path} at line {line}", edited=True)
+        edited, line = loose
+        target.write_text(edited)
+        return ToolResult(f"edited {path} at line {line} (the old text matched with other indentation)", edited=True)
 
     # -- helpers --------------------------------------------------------------------------------------
 
@@ -100,3 +105,44 @@ class Tools:
         if target != self.workspace and self.workspace not in target.parents:
             return ToolResult(f"error: {shlex.quote(path)} is outside the repository", ok=False)
         return target
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def reindented_edit(text: str, old: str, new: str) -> tuple[str, int] | None:
+    """(edited text, first line) when `old` matches one run of `text`'s lines up to a uniform indentation
+    shift (and trailing spaces); `new` is shifted alike. None when no run, or more than one, matches.
+
+    Small models copy code with the wrong indentation more often than any other slip; the edit is still
+    exact in everything but the shift, which must be the same on every non-blank line.
+    """
+    want = old.splitlines()
+    while want and not want[0].strip():
+        want.pop(0)
+    while want and not want[-1].strip():
+        want.pop()
+    lines = text.splitlines(keepends=True)
+    if not want or any("\t" in w for w in want):
+        return None
+    key = [w.strip() for w in want]
+    starts = [i for i in range(len(lines) - len(want) + 1)
+              if [ln.strip() for ln in lines[i : i + len(want)]] == key]
+    if len(starts) != 1:
+        return None
+    i = starts[0]
+    shifts = {_indent(lines[i + j]) - _indent(w) for j, w in enumerate(want) if w.strip()}
+    if len(shifts) != 1:
+        return None
+    shift = shifts.pop()
+    out = []
+    for ln in new.splitlines():
+        if shift >= 0 or not ln.strip():
+            out.append(" " * shift + ln if ln.strip() else ln)
+        else:
+            out.append(ln[min(-shift, _indent(ln)) :])
+    region_end = "\n" if lines[i + len(want) - 1].endswith("\n") else ""
+    body = "\n".join(out) + (region_end if out else "")
+    return "".join(lines[:i]) + body + "".join(lines[i + len(want) :]), i + 1
+

@@ -1,0 +1,47 @@
+"""The `edit` tool on a real workspace: exact replacement, and the indentation-shifted fallback."""
+
+from __future__ import annotations
+
+import pytest
+
+from flywheel.harness.actions import Action
+from flywheel.harness.tools import Tools, reindented_edit
+
+SOURCE = "def f(x):\n    if x > 1:\n        return x\n    return 0\n\n\ndef g(x):\n    return 0\n"
+
+
+@pytest.fixture
+def tools(clamp_task, tmp_path):
+    (tmp_path / "a.py").write_text(SOURCE)
+    return Tools(clamp_task, tmp_path, sandbox=None)
+
+
+def edit(tools, old, new):
+    return tools.execute(Action("edit", {"path": "a.py", "old": old, "new": new}))
+
+
+def test_an_exact_unique_old_text_is_replaced(tools, tmp_path):
+    r = edit(tools, "    if x > 1:\n", "    if x >= 1:\n")
+    assert r.edited and r.text == "edited a.py at line 2"
+    assert (tmp_path / "a.py").read_text() == SOURCE.replace("x > 1", "x >= 1")
+
+
+def test_an_old_text_that_is_missing_or_repeated_changes_nothing(tools, tmp_path):
+    assert edit(tools, "if y:\n", "").text == "error: the old text was not found in a.py"
+    assert edit(tools, "    return 0\n", "").text == "error: the old text was found 2 times; make it unique in a.py"
+    assert (tmp_path / "a.py").read_text() == SOURCE
+
+
+def test_an_old_text_with_other_indentation_is_matched_and_new_is_shifted_alike(tools, tmp_path):
+    r = edit(tools, "        if x > 1:\n            return x\n\n", "        if x >= 1:\n            return x + 1\n")
+    assert r.edited and r.text.startswith("edited a.py at line 2 (the old text matched with other indentation)")
+    assert (tmp_path / "a.py").read_text() == SOURCE.replace("x > 1", "x >= 1").replace("return x\n", "return x + 1\n")
+    r = edit(tools, "if x >= 1:\n", "if x > 2:\n")  # shifted the other way: indentation added to new
+    assert r.edited and "    if x > 2:\n" in (tmp_path / "a.py").read_text()
+
+
+def test_the_fallback_needs_one_match_and_one_shift():
+    assert reindented_edit(SOURCE, "  return 0\n", "") is None  # two runs match
+    assert reindented_edit(SOURCE, "  if x > 1:\n  return x\n", "") is None  # shifts 2 and 6 differ
+    assert reindented_edit(SOURCE, "\n\n", "x") is None  # nothing but blank lines
+    assert reindented_edit(SOURCE, "  if x > 1:\n", "") == (SOURCE.replace("    if x > 1:\n", ""), 2)
