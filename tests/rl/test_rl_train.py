@@ -280,3 +280,11 @@ def test_calibrate_measures_every_rung_of_every_level_and_writes_lambdas(base, t
         assert [f for f, _, _ in rungs] == data["factors"] == [0.5, 1.0, 2.0]
         assert all(cost > 0 and 0.0 <= success <= 1.0 for _, cost, success in rungs)
     assert (tmp_path / "calibration.png").stat().st_size > 0
+
+
+def test_training_shows_a_steps_rollouts_as_they_finish(base, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FLYWHEEL_PROGRESS_EVERY", "0")
+    train(quick(base, steps=1), tmp_path / "run")
+    lines = capsys.readouterr().err.splitlines()
+    counts = [line.split("rollouts=")[1] for line in lines if "step=1  rollouts=" in line]
+    assert counts == [f"{i}/12" for i in range(1, 13)]

@@ -296,7 +296,9 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
             batch = renamed_batch(batch_for(pool, cfg, step), cfg, step, run.out / "tasks")
             specs = make_specs(batch, efforts, cfg.rollout.group_size,
                                seed=stable_seed(cfg.seed, "rollout", step) % 2**31)
-            records = rollout(engine, specs, harness_config(cfg, trainer.version), concurrency=cfg.rollout.concurrency)
+            counts = (f"{i}/{len(specs)}" for i in range(1, len(specs) + 1))  # a step's rollouts can take minutes
+            records = rollout(engine, specs, harness_config(cfg, trainer.version), concurrency=cfg.rollout.concurrency,
+                              on_record=lambda r, c=counts, s=step: advance(0, step=s, rollouts=next(c)))
             origin = {t.id: t.meta["renamed_from"] for t in batch if "renamed_from" in t.meta}
             for r in records:
                 if r["task_id"] in origin:
