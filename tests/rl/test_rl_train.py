@@ -254,6 +254,12 @@ def test_sft_refuses_more_train_layers_than_the_model_has(base, tmp_path, capsys
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err == "flywheel: error: train.train_layers = 9: the model has 2 decoder layers\n"
     assert not (tmp_path / "tuned").exists() and not (tmp_path / ".tuned.building").exists()
+    bad.write_text("[data]\nepisodes = 2\n[model]\nlayers = 2\n[train]\ntrain_layers = 3\n")  # a new tiny model
+    with pytest.raises(SystemExit) as exit_:
+        main(["sft", str(bad), "--out", str(tmp_path / "tuned")])
+    err = capsys.readouterr().err  # one line, before any data is collected
+    assert exit_.value.code == 2 and err == ("flywheel: error: train.train_layers = 3: must be 0 (all) or at most "
+                                             "the model's 2 layers\n")
 
 
 def test_the_runs_engine_keeps_the_prefix_cache_the_config_asks_for(base):

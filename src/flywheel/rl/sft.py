@@ -347,11 +347,19 @@ def pretrain_copy(model, tokenizer, streams: list[list[int]], cfg: SftConfig, lo
             advance(loss=float(objective.detach()))
 
 
+def _train_top(model, k: int) -> None:
+    from flywheel.rl.optim import train_top_layers
+
+    try:
+        train_top_layers(model, k)
+    except ValueError as e:
+        raise FlywheelError(f"train.{e}") from None
+
+
 def run_sft(cfg: SftConfig, out: Path) -> Path:
     """Collect, build, train and save the base policy into `out` (which must not exist or be empty)."""
     from flywheel.models.tiny import build_tiny_model
     from flywheel.models.torch_engine import load_torch_model
-    from flywheel.rl.optim import train_top_layers
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -363,15 +371,20 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
         raise FlywheelError(f"data.rename = {cfg.data.rename}: must be a share between 0 and 1")
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    m = cfg.model
+    engine = load_torch_model(m.init) if m.init else None  # first, so that a bad train_layers costs no work
+    if engine is not None:
+        _train_top(engine.model, cfg.train.train_layers)
+    elif not 0 <= cfg.train.train_layers <= m.layers:
+        raise FlywheelError(f"train.train_layers = {cfg.train.train_layers}: must be 0 (all) or at most the "
+                            f"model's {m.layers} layers")
     t0 = time.perf_counter()
     records = collect(cfg)
     conversations = renamed([messages_of(r) for r in records], records, cfg)
     texts = [f"{m['role']}\n{m['content']}" for conv in conversations for m in conv]
     work = out.parent / f".{out.name}.building"
     shutil.rmtree(work, ignore_errors=True)
-    m = cfg.model
-    if m.init:
-        engine = load_torch_model(m.init)
+    if engine is not None:
         work.mkdir(parents=True)
         engine.tokenizer.save_pretrained(work)
     else:
@@ -381,11 +394,7 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
     model, tokenizer = engine.model, engine.tokenizer
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    try:
-        train_top_layers(model, cfg.train.train_layers)
-    except ValueError as e:
-        shutil.rmtree(work, ignore_errors=True)
-        raise FlywheelError(f"train.{e}") from None
+    _train_top(model, cfg.train.train_layers)
     examples = [encode(tokenizer, conv, cfg.train.max_len, cfg.train.context_weight) for conv in conversations]
     lines: list[str] = []
     torch.manual_seed(cfg.seed)
