@@ -138,11 +138,12 @@ def reindented_edit(text: str, old: str, new: str) -> tuple[str, int] | None:
     shift = shifts.pop()
     out = []
     for ln in new.splitlines():
-        if shift >= 0 or not ln.strip():
-            out.append(" " * shift + ln if ln.strip() else ln)
+        if not ln.strip():
+            out.append(ln)
+        elif shift >= 0:
+            out.append(" " * shift + ln)
         else:
             out.append(ln[min(-shift, _indent(ln)) :])
     region_end = "\n" if lines[i + len(want) - 1].endswith("\n") else ""
     body = "\n".join(out) + (region_end if out else "")
     return "".join(lines[:i]) + body + "".join(lines[i + len(want) :]), i + 1
-
