@@ -71,6 +71,18 @@ def goals(before: dict, after: dict) -> dict:
     return out
 
 
+def training_trend(rows: list[dict]) -> dict:
+    """Success, reward, cost and turns on the training rollouts: mean over the first and the last third of
+    the steps (the held-out figures alone hide learning on train tasks when held-out success stays 0)."""
+    if not rows:
+        return {}
+    k = max(1, len(rows) // 3)
+    keys = ("success", "reward", "cost", "turns")
+    mean = lambda part, key: round(sum(r[key] for r in part) / len(part), 6)  # noqa: E731
+    return {"steps_per_third": k, "first": {key: mean(rows[:k], key) for key in keys},
+            "last": {key: mean(rows[-k:], key) for key in keys}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", required=True, help="the base policy directory (from `flywheel sft`)")
@@ -117,10 +129,10 @@ def main() -> None:
     after = evaluate_policy(engine, heldout, cfg, out / "eval-trained")
     result = {"variant": args.variant, "steps": len(rows), "train_minutes": round((t2 - t1) / 60, 1),
               "total_minutes": round((time.perf_counter() - t0) / 60, 1), "base": before, "trained": after,
-              "goals": goals(before, after)}
+              "goals": goals(before, after), "training": training_trend(rows)}
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     print(table(before, after))
-    print(json.dumps({k: result[k] for k in ("variant", "steps", "train_minutes", "total_minutes", "goals")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("variant", "steps", "train_minutes", "total_minutes", "goals", "training")}, indent=1))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -37,9 +38,8 @@ COMPLETE = ".complete"
 def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32):
     """(model, tokenizer) from an HF-format directory; the model is in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # a bar per load on stderr buries the one-line errors and our own progress
+    quiet_transformers()
     root = Path(path)
     if not (root / "config.json").is_file():
         raise FlywheelError(f"{root}: not an HF model directory (no config.json)")
@@ -79,8 +79,18 @@ def smollm2_dir() -> Path:
     return dest
 
 
+def quiet_transformers() -> None:
+    """No transformers progress bars: a bar per load or save on stderr buries the one-line errors and our own
+    progress."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def convert_gguf(gguf: Path, dest: Path) -> Path:
     """Dequantise `gguf` into an HF-format directory `dest` (safetensors + tokenizer + chat template)."""
+    quiet_transformers()
+    print(f"converting {gguf.name} to HF format in {dest} (once)", file=sys.stderr, flush=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:

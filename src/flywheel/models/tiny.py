@@ -134,6 +134,9 @@ def build_tiny_model(
 
 
 def _save_atomically(out: Path, model, tokenizer) -> None:
+    from flywheel.models.hf import quiet_transformers
+
+    quiet_transformers()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:

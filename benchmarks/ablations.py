@@ -1,0 +1,100 @@
+"""The four ablations of the RL objective, side by side: one `benchmarks/learning.py` run each.
+
+    python benchmarks/ablations.py --base runs/base --config configs/learn.toml --steps 8 --out runs/ablations
+
+Runs, each for the same number of RL steps from the same base:
+
+- `default`: the config as it is, λ calibrated on the base (`flywheel calibrate`), the base evaluated once;
+- `mean-baseline`: `objective.baseline = "mean"` instead of the length-weighted baseline;
+- `no-replay`: `objective.replay = false` (full softmax instead of the sampler's top-p kept set);
+- `adamw`: `optim.kind = "adamw"` instead of Muon for the hidden matrices;
+- `lambda-0`: no cost penalty (λ = 0 at every effort) instead of the calibrated λ.
+
+The variants reuse the default run's calibration and base evaluation, so every row differs from `default`
+in one setting only. A budget in steps (not minutes) keeps the comparison fair when runs share the
+machine (`--jobs 2` runs two variants at a time). Prints one table: success, reward, cost and turns on the
+training rollouts (first third of the steps against the last third), and held-out success and cost per
+effort level after training, next to the base. Writes `OUT/ablations.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = {
+    "mean-baseline": ["objective.baseline=mean"],
+    "no-replay": ["objective.replay=false"],
+    "adamw": ["optim.kind=adamw"],
+    "lambda-0": [],  # no calibration file: every λ is 0
+}
+
+
+def learning_run(args, name: str, extra: list[str]) -> dict:
+    out = Path(args.out) / name
+    if (out / "results.json").exists():  # a finished run is kept: rerunning the script resumes the set
+        return json.loads((out / "results.json").read_text())
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "--base", args.base, "--config", args.config,
+           "--out", str(out), "--minutes", "0", "--eval-tasks", str(args.eval_tasks),
+           "--cal-tasks", str(args.cal_tasks), "--variant", f"train.steps={args.steps}", *extra]
+    print(f"[{name}] {' '.join(cmd[1:])}", flush=True)
+    with (Path(args.out) / f"{name}.log").open("w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise SystemExit(f"[{name}] failed with exit code {rc}; see {Path(args.out) / f'{name}.log'}")
+    print(f"[{name}] done", flush=True)
+    return json.loads((out / "results.json").read_text())
+
+
+def table(results: dict[str, dict]) -> str:
+    efforts = list(next(iter(results.values()))["trained"])
+    head = (f"{'run':14s} {'steps':>5s} {'train success':>14s} {'train reward':>14s} {'train cost $':>17s} "
+            + " ".join(f"{e + ' success':>15s} {e + ' cost $':>12s}" for e in efforts))
+    lines = [head]
+    base = next(iter(results.values()))["base"]
+    row = f"{'base':14s} {'':>5s} {'':>14s} {'':>14s} {'':>17s} "
+    lines.append(row + " ".join(f"{base[e]['success_rate']:15.1%} {base[e]['mean_reward_cost']:12.5f}" for e in efforts))
+    for name, r in results.items():
+        t = r["training"]
+        f, last = t["first"], t["last"]
+        lines.append(
+            f"{name:14s} {r['steps']:5d} {f['success']:6.1%}→{last['success']:6.1%} {f['reward']:+6.3f}→{last['reward']:+6.3f} "
+            f"{f['cost']:.5f}→{last['cost']:.5f} "
+            + " ".join(f"{r['trained'][e]['success_rate']:15.1%} {r['trained'][e]['mean_reward_cost']:12.5f}" for e in efforts))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--base", required=True, help="the base policy directory (from `flywheel sft`)")
+    ap.add_argument("--config", default=str(ROOT / "configs" / "learn.toml"))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=8, help="RL steps of every run (the shared budget)")
+    ap.add_argument("--eval-tasks", type=int, default=24)
+    ap.add_argument("--cal-tasks", type=int, default=8, help="calibration tasks (train split)")
+    ap.add_argument("--jobs", type=int, default=1, help="variants run at once after the default run")
+    args = ap.parse_args()
+    if not Path(args.base, "config.json").is_file():
+        raise SystemExit(f"--base {args.base}: not a model directory (no config.json); build one with `flywheel sft`")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    results = {"default": learning_run(args, "default", [])}
+    shared = ["--no-calibrate", "--base-eval", str(Path(args.out) / "default" / "results.json")]
+    calibration = str(Path(args.out) / "default" / "calibration" / "calibration.json")
+    runs = {name: [*shared, *(["--variant", f"reward.calibration={calibration}"] if name != "lambda-0" else []),
+                   *(x for v in extra for x in ("--variant", v))] for name, extra in VARIANTS.items()}
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        done = dict(zip(runs, pool.map(lambda item: learning_run(args, *item), runs.items()), strict=True))
+    results.update(done)
+    (Path(args.out) / "ablations.json").write_text(json.dumps(
+        {name: {k: r[k] for k in ("variant", "steps", "train_minutes", "training", "trained", "goals")}
+         for name, r in results.items()}, indent=1) + "\n")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
