@@ -11,8 +11,10 @@ Runs, each for the same number of RL steps from the same base:
 - `lambda-0`: no cost penalty (λ = 0 at every effort) instead of the calibrated λ.
 
 The variants reuse the default run's calibration and base evaluation, so every row differs from `default`
-in one setting only. A budget in steps (not minutes) keeps the comparison fair when runs share the
-machine (`--jobs 2` runs two variants at a time). Prints one table: success, reward, cost and turns on the
+in one setting only. The budget is a number of steps, not minutes. Run them one at a time on an otherwise
+idle machine (the default): an attempt's cost counts its measured seconds (unless the config is
+`deterministic`), so runs that share the cores pay more for the same work; `--jobs 2` (two variants at
+a time) is for trying the script out. Prints one table: success, cost and turns on the
 training rollouts (first third of the steps against the last third), and held-out success and cost per
 effort level after training, next to the base. Writes `OUT/ablations.json`.
 """
@@ -35,6 +37,11 @@ VARIANTS = {
 }
 
 
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")  # one write, so lines of concurrent runs do not interleave
+    sys.stdout.flush()
+
+
 def learning_run(args, name: str, extra: list[str]) -> dict:
     out = Path(args.out) / name
     if (out / "results.json").exists():  # a finished run is kept: rerunning the script resumes the set
@@ -42,30 +49,30 @@ def learning_run(args, name: str, extra: list[str]) -> dict:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "--base", args.base, "--config", args.config,
            "--out", str(out), "--minutes", "0", "--eval-tasks", str(args.eval_tasks),
            "--cal-tasks", str(args.cal_tasks), "--variant", f"train.steps={args.steps}", *extra]
-    print(f"[{name}] {' '.join(cmd[1:])}", flush=True)
+    say(f"[{name}] {' '.join(cmd[1:])}")
     with (Path(args.out) / f"{name}.log").open("w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         raise SystemExit(f"[{name}] failed with exit code {rc}; see {Path(args.out) / f'{name}.log'}")
-    print(f"[{name}] done", flush=True)
+    say(f"[{name}] done")
     return json.loads((out / "results.json").read_text())
 
 
 def table(results: dict[str, dict]) -> str:
+    """Training rollouts (first third → last third of the steps), then held-out success, cost and turns."""
     efforts = list(next(iter(results.values()))["trained"])
-    head = (f"{'run':14s} {'steps':>5s} {'train success':>14s} {'train reward':>14s} {'train cost $':>17s} "
-            + " ".join(f"{e + ' success':>15s} {e + ' cost $':>12s}" for e in efforts))
-    lines = [head]
-    base = next(iter(results.values()))["base"]
-    row = f"{'base':14s} {'':>5s} {'':>14s} {'':>14s} {'':>17s} "
-    lines.append(row + " ".join(f"{base[e]['success_rate']:15.1%} {base[e]['mean_reward_cost']:12.5f}" for e in efforts))
+    held = lambda s: " ".join(f"{s[e]['success_rate']:6.1%} {s[e]['mean_reward_cost']:.5f} {s[e]['mean_turns']:5.2f}"  # noqa: E731
+                              for e in efforts)
+    lines = [f"{'':14s} {'':5s} {'training rollouts, first third → last third':^56s} "
+             + " ".join(f"{'held-out ' + e:^22s}" for e in efforts),
+             f"{'run':14s} {'steps':>5s} {'success':>15s} {'cost $':>17s} {'turns':>13s}        "
+             + " ".join(f"{'success':>6s} {'cost $':>7s} {'turns':>5s} " for _ in efforts)]
+    lines.append(f"{'base':14s} {'':5s} {'':56s} " + held(next(iter(results.values()))["base"]))
     for name, r in results.items():
-        t = r["training"]
-        f, last = t["first"], t["last"]
-        lines.append(
-            f"{name:14s} {r['steps']:5d} {f['success']:6.1%}→{last['success']:6.1%} {f['reward']:+6.3f}→{last['reward']:+6.3f} "
-            f"{f['cost']:.5f}→{last['cost']:.5f} "
-            + " ".join(f"{r['trained'][e]['success_rate']:15.1%} {r['trained'][e]['mean_reward_cost']:12.5f}" for e in efforts))
+        f, last = r["training"]["first"], r["training"]["last"]
+        lines.append(f"{name:14s} {r['steps']:5d} {f['success']:6.1%} → {last['success']:6.1%} "
+                     f"{f['cost']:.5f} → {last['cost']:.5f} {f['turns']:5.2f} → {last['turns']:5.2f}        "
+                     + held(r["trained"]))
     return "\n".join(lines)
 
 
