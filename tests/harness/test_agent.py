@@ -124,6 +124,34 @@ def test_self_compaction_shortens_old_observations(clamp_task):
     assert rec["ending"] == "submitted" and rec["compactions"] == 1
 
 
+def test_a_conversation_that_still_does_not_fit_ends_instead_of_compacting_forever(clamp_task):
+    """Observations already elided cannot be shortened again: the next overflow ends the attempt."""
+    calls = {"n": 0}
+
+    def reply(r):
+        calls["n"] += 1
+        if calls["n"] <= 3:
+            return Completion('<view path="mathx.py"/>', prompt_tokens=10, completion_tokens=5)
+        return Completion("", prompt_tokens=10, completion_tokens=1, finish_reason="context")
+
+    rec = run(clamp_task, FakeModel(reply), max_turns=50)
+    assert rec["ending"] == "context_exhausted" and rec["compactions"] == 1 and rec["n_turns"] == 5
+
+
+def test_compaction_turns_count_toward_the_turn_limit(clamp_task):
+    """Every overflow that compaction can still answer is a turn: the budget ends the attempt."""
+    calls = {"n": 0}
+
+    def reply(r):
+        calls["n"] += 1
+        if calls["n"] in (3, 5):  # each time a new, not yet elided observation is there to shorten
+            return Completion("", prompt_tokens=10, completion_tokens=1, finish_reason="context")
+        return Completion('<view path="mathx.py"/>', prompt_tokens=10, completion_tokens=5)
+
+    rec = run(clamp_task, FakeModel(reply), max_turns=5)
+    assert rec["ending"] == "turn_limit" and rec["n_turns"] == 5 and rec["compactions"] == 2
+
+
 def test_agent_cannot_see_hidden_tests_through_any_tool(clamp_task):
     root = clamp_task.root
     probes = [

@@ -166,9 +166,7 @@ def observe(ep: Episode, c: Completion, gen_share_s: float, cfg: HarnessConfig) 
         ep.ending, ep.error = "model_error", c.error or "model error"
         return
     if c.finish_reason == "context":
-        if compact(ep, cfg):
-            return
-        ep.ending = "context_exhausted"
+        ep.ending = budget_ending(ep, cfg) if compact(ep, cfg) else "context_exhausted"
         return
     if ep.action_format == "native":
         _act_native(ep, c, cfg)
@@ -252,8 +250,9 @@ def compact(ep: Episode, cfg: HarnessConfig) -> bool:
     changed = False
     for m in ep.messages[2:-2]:
         content = m.get("content") or ""
-        if m["role"] in ("user", "tool") and len(content) > 120:
-            m["content"] = content[:100] + "\n[older output elided]"
+        short = content[:100] + "\n[older output elided]"
+        if m["role"] in ("user", "tool") and len(short) < len(content):  # an elided one stays as it is
+            m["content"] = short
             changed = True
     if changed:
         ep.compactions += 1
