@@ -10,12 +10,14 @@
 Prints success (95% Wilson interval), mean cost, mean turns and the median steps to the first edit for
 both, and the two goals: held-out success up by >= 15 points at some effort level; medium effort with
 >= 40% fewer turns than the base at equal or better success. Everything is kept under --out
-(results.json, the training run, the trajectories).
+(results.json, the training run, the trajectories). Rerunning into the same --out resumes: the
+calibration, the base evaluation and the training run are reused (training continues from its latest
+checkpoint up to the config's steps).
 
 `--variant KEY=VALUE` (repeatable) overrides a config field for ablations, e.g.
 `--variant objective.baseline=mean`, `--variant objective.replay=false`, `--variant optim.kind=adamw`,
-`--variant reward.lambdas.medium=0` (with --no-calibrate and explicit λ). `--skip-base` reuses the base
-evaluation of another run directory (`--base-eval DIR/results.json`) so ablations share one baseline.
+`--variant reward.lambdas.medium=0` (with --no-calibrate and explicit λ). `--base-eval DIR/results.json`
+reuses the base evaluation of another run, so ablations share one baseline (`benchmarks/ablations.py`).
 """
 
 from __future__ import annotations
@@ -109,25 +111,33 @@ def main() -> None:
         key, _, value = v.partition("=")
         set_field(cfg, key, value)
     t0 = time.perf_counter()
+    calibration = out / "calibration" / "calibration.json"
     if not args.no_calibrate:
-        cal = run_calibration(cfg, out / "calibration", limit=args.cal_tasks, samples=1)
-        cfg.reward.calibration = str(out / "calibration" / "calibration.json")
+        if calibration.is_file():  # a rerun into the same --out resumes: calibration, base evaluation, training
+            cal = json.loads(calibration.read_text())
+        else:
+            cal = run_calibration(cfg, out / "calibration", limit=args.cal_tasks, samples=1)
+        cfg.reward.calibration = str(calibration)
         print("lambdas:", cal["lambdas"], flush=True)
     heldout = load_tasks(cfg, split=cfg.tasks.eval_split, limit=0)
     heldout = heldout[:: max(1, len(heldout) // args.eval_tasks)][: args.eval_tasks]
     setup_torch(cfg)
     if args.base_eval:
         before = json.loads(Path(args.base_eval).read_text())["base"]
+    elif (out / "eval-base" / "summary.json").is_file():
+        before = json.loads((out / "eval-base" / "summary.json").read_text())
     else:
         engine = load_engine(cfg, f"hf:{args.base}")
         before = evaluate_policy(engine, heldout, cfg, out / "eval-base")
-    t1 = time.perf_counter()
-    rows = train(cfg, out / "train")
-    t2 = time.perf_counter()
+        (out / "eval-base" / "summary.json").write_text(json.dumps(before, indent=1) + "\n")
+    train(cfg, out / "train")
+    rows = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
     latest = sorted((out / "train" / "checkpoints").glob("step-*"))[-1]
     engine = load_engine(cfg, f"hf:{latest}")
     after = evaluate_policy(engine, heldout, cfg, out / "eval-trained")
-    result = {"variant": args.variant, "steps": len(rows), "train_minutes": round((t2 - t1) / 60, 1),
+    timings = [json.loads(line) for line in (out / "train" / "timings.jsonl").read_text().splitlines()]
+    seconds = sum(t["rollout_s"] + t["update_s"] + t["checkpoint_s"] for t in timings)
+    result = {"variant": args.variant, "steps": len(rows), "train_minutes": round(seconds / 60, 1),
               "total_minutes": round((time.perf_counter() - t0) / 60, 1), "base": before, "trained": after,
               "goals": goals(before, after), "training": training_trend(rows)}
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
