@@ -15,8 +15,9 @@ in one setting only. The budget is a number of steps, not minutes. Run them one 
 idle machine (the default): an attempt's cost counts its measured seconds (unless the config is
 `deterministic`), so runs that share the cores pay more for the same work; `--jobs 2` (two variants at
 a time) is for trying the script out. Prints one table: success, cost and turns on the
-training rollouts (first third of the steps against the last third), and held-out success and cost per
-effort level after training, next to the base. Writes `OUT/ablations.json`.
+training rollouts (first third of the steps against the last third), and held-out success, cost,
+generated tokens and turns per effort level after training, next to the base. Cost counts measured
+seconds and moves with the machine's load; tokens and turns do not. Writes `OUT/ablations.json`.
 """
 
 from __future__ import annotations
@@ -61,12 +62,12 @@ def learning_run(args, name: str, extra: list[str]) -> dict:
 def table(results: dict[str, dict]) -> str:
     """Training rollouts (first third → last third of the steps), then held-out success, cost and turns."""
     efforts = list(next(iter(results.values()))["trained"])
-    held = lambda s: " ".join(f"{s[e]['success_rate']:6.1%} {s[e]['mean_reward_cost']:.5f} {s[e]['mean_turns']:5.2f}"  # noqa: E731
-                              for e in efforts)
+    held = lambda s: " ".join(f"{s[e]['success_rate']:6.1%} {s[e]['mean_reward_cost']:.5f} "  # noqa: E731
+                              f"{s[e]['mean_completion_tokens']:6.1f} {s[e]['mean_turns']:5.2f}" for e in efforts)
     lines = [f"{'':14s} {'':5s} {'training rollouts, first third → last third':^56s} "
-             + " ".join(f"{'held-out ' + e:^22s}" for e in efforts),
+             + " ".join(f"{'held-out ' + e:^29s}" for e in efforts),
              f"{'run':14s} {'steps':>5s} {'success':>15s} {'cost $':>17s} {'turns':>13s}        "
-             + " ".join(f"{'success':>6s} {'cost $':>7s} {'turns':>5s} " for _ in efforts)]
+             + " ".join(f"{'success':>6s} {'cost $':>7s} {'tokens':>6s} {'turns':>5s}" for _ in efforts)]
     lines.append(f"{'base':14s} {'':5s} {'':56s} " + held(next(iter(results.values()))["base"]))
     for name, r in results.items():
         f, last = r["training"]["first"], r["training"]["last"]
