@@ -391,10 +391,10 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
         build_tiny_model(work, texts, vocab_size=m.vocab_size, hidden=m.hidden, layers=m.layers, heads=m.heads,
                          max_positions=m.max_positions, seed=cfg.seed, max_token_chars=m.max_token_chars)
         engine = load_torch_model(f"hf:{work}")
+        _train_top(engine.model, cfg.train.train_layers)  # an init model's layers were chosen when it loaded
     model, tokenizer = engine.model, engine.tokenizer
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    _train_top(model, cfg.train.train_layers)
     examples = [encode(tokenizer, conv, cfg.train.max_len, cfg.train.context_weight) for conv in conversations]
     lines: list[str] = []
     torch.manual_seed(cfg.seed)
