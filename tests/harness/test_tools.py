@@ -1,4 +1,5 @@
-"""The `edit` tool on a real workspace: exact replacement, and the indentation-shifted fallback."""
+"""The `edit` tool on a real workspace: exact replacement, and the indentation-shifted fallback; what counts
+as an edit."""
 
 from __future__ import annotations
 
@@ -45,3 +46,15 @@ def test_the_fallback_needs_one_match_and_one_shift():
     assert reindented_edit(SOURCE, "  if x > 1:\n  return x\n", "") is None  # shifts 2 and 6 differ
     assert reindented_edit(SOURCE, "\n\n", "x") is None  # nothing but blank lines
     assert reindented_edit(SOURCE, "  if x > 1:\n", "") == (SOURCE.replace("    if x > 1:\n", ""), 2)
+
+
+def test_a_shell_command_that_writes_a_file_is_an_edit_and_test_caches_are_not(clamp_task, tmp_path):
+    from flywheel.sandbox import get_sandbox
+
+    (tmp_path / "a.py").write_text(SOURCE)
+    tools = Tools(clamp_task, tmp_path, sandbox=get_sandbox())
+    shell = lambda command: tools.execute(Action("shell", {"command": command}))  # noqa: E731
+    assert not shell("cat a.py").edited
+    assert not shell("mkdir -p __pycache__ .pytest_cache && touch __pycache__/a.pyc .pytest_cache/x").edited
+    r = shell("sed -i 's/x > 1/x >= 1/' a.py")
+    assert r.edited and (tmp_path / "a.py").read_text() == SOURCE.replace("x > 1", "x >= 1")

@@ -18,6 +18,7 @@ from flywheel.tasks.format import Task
 
 VIEW_LINES = 120  # lines shown by a `view` without a range
 OBSERVATION_BYTES = 4000  # tool output kept per observation (head and tail)
+_CACHES = {"__pycache__", ".pytest_cache"}  # what running the tests writes
 
 
 @dataclass
@@ -41,7 +42,10 @@ class Tools:
     # -- tools ----------------------------------------------------------------------------------------
 
     def _shell(self, command: str) -> ToolResult:
-        return self._run(["bash", "-c", command])
+        before = self._stat()
+        result = self._run(["bash", "-c", command])
+        result.edited = self._stat() != before
+        return result
 
     def _run_tests(self) -> ToolResult:
         return self._run(["bash", "-c", self.task.test_command])
@@ -91,6 +95,15 @@ class Tools:
         return ToolResult(f"edited {path} at line {line} (the old text matched with other indentation)", edited=True)
 
     # -- helpers --------------------------------------------------------------------------------------
+
+    def _stat(self) -> dict[str, tuple[int, int]]:
+        """(mtime, size) of each file but caches: a shell command that writes one has edited the workspace."""
+        out = {}
+        for p in self.workspace.rglob("*"):
+            if not _CACHES.intersection(p.parts) and p.is_file():
+                st = p.stat()
+                out[p.as_posix()] = (st.st_mtime_ns, st.st_size)
+        return out
 
     def _run(self, argv: list[str]) -> ToolResult:
         r = self.sandbox.run(self.workspace, argv, limits=self.limits)

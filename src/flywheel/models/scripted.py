@@ -7,6 +7,14 @@ so its trajectories vary in length and cost; they are the imitation data for the
 read the task's reference solution (an oracle's privilege), so they are for tests, demos and data, never
 reported as model results.
 
+`scripted-search` teaches a strategy that needs no oracle, so that what a model learns from it carries
+over to code it has never seen: show the function that the bug report calls (`grep -n -A`), then try
+repairs one shell command at a time — each the inverse of one mutation operator on one line (`sed -i`),
+kept if the tests pass (the command prints `fixed`) and undone otherwise — and submit once one is
+kept. The oracle only chooses where in its random order of candidates the right one falls, within the
+effort level's number of tries; when no candidate is the fix, it tries its quota of wrong ones and
+submits, as a searcher without the oracle would.
+
 Each call is stateless: the plan is recomputed from the task and a seed, and the step is the number of
 assistant turns so far. The oracle answers in whichever format the request asks for: native tool calls
 when tools are offered, the tagged text format otherwise.
@@ -15,6 +23,7 @@ when tools are offered, the tagged text format otherwise.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -111,14 +120,148 @@ def plan(task_dir: str, noisy: bool, seed: int) -> list[Action | str]:
     return steps
 
 
+# ------------------------------------------------------------------------------------- the searcher
+
+SEARCH_TRIES = {"medium": 4, "high": 8, "max": 12}  # repairs tried per effort level (turns: tries + 2)
+SEARCH_CONTEXT = 20  # lines shown after the `def` line
+SEARCH_TIMEOUT_S = 5  # a wrong repair can loop forever; the tests of a small module take well under 1 s
+_NAME = re.compile(r"([A-Za-z_]\w*)\(")
+
+
+def searched_function(instruction: str, source: str) -> str | None:
+    """The first name called in the bug report's first `code` span that the module defines."""
+    span = re.search(r"`([^`]*)`", instruction)
+    defined = set(re.findall(r"^\s*(?:def|class) (\w+)", source, re.M))
+    for name in _NAME.findall(span.group(1) if span else ""):
+        if name in defined:
+            return name
+    return None
+
+
+def grep_command(name: str, path: str, source: str) -> str:
+    kind = "class" if re.search(rf"^\s*class {name}\b", source, re.M) else "def"
+    return f'grep -n -A {SEARCH_CONTEXT} "{kind} {name}" {path}'
+
+
+def grep_lines(name: str, source: str) -> set[int]:
+    """1-based lines that `grep_command` shows."""
+    lines = source.splitlines()
+    kind = "class" if re.search(rf"^\s*class {name}\b", source, re.M) else "def"
+    shown: set[int] = set()
+    for i, line in enumerate(lines, 1):
+        if f"{kind} {name}" in line:
+            shown.update(range(i, min(i + SEARCH_CONTEXT, len(lines)) + 1))
+    return shown
+
+
+def _token_span(a: str, b: str) -> tuple[int, int, int] | None:
+    """(start, end in a, end in b) of the one differing region, widened to whitespace on both sides."""
+    p = 0
+    while p < min(len(a), len(b)) and a[p] == b[p]:
+        p += 1
+    s = 0
+    while s < min(len(a), len(b)) - p and a[len(a) - 1 - s] == b[len(b) - 1 - s]:
+        s += 1
+    ea, eb = len(a) - s, len(b) - s
+    while p > 0 and a[p - 1] != " ":
+        p -= 1
+    while ea < len(a) and a[ea] != " ":
+        ea, eb = ea + 1, eb + 1
+    return (p, ea, eb) if p < ea else None
+
+
+def repair_candidates(source: str, lines: set[int]) -> list[tuple[int, str, str]]:
+    """(line, old, new): one-line repairs on `lines` of `source`, each the inverse of one mutation operator
+    (the operators are their own inverses, plus `if not c` → `if c`) such that replacing the first `old`
+    on the line with `new` makes the repair and the same on `new` undoes it."""
+    from flywheel.tasks.mutate import mutants
+
+    text = source.splitlines()
+    out: dict[tuple[int, str, str], None] = {}
+    edited = [m.source.splitlines() for m in mutants(source)]
+    for i, line in enumerate(text):
+        if i + 1 in lines and re.search(r"\bnot ", line):
+            edited.append(text[:i] + [re.sub(r"\bnot ", "", line, count=1)] + text[i + 1:])
+    for new_text in edited:
+        if len(new_text) != len(text):
+            continue
+        diff = [i for i, (x, y) in enumerate(zip(text, new_text)) if x != y]
+        if len(diff) != 1 or diff[0] + 1 not in lines:
+            continue
+        i = diff[0]
+        before, after = text[i], new_text[i]
+        span = _token_span(before, after)
+        if span is None:
+            continue
+        p, ea, eb = span
+        old, new = before[p:ea], after[p:eb]
+        if "'" in old + new or before.replace(old, new, 1) != after or after.replace(new, old, 1) != before:
+            continue
+        out[(i + 1, old, new)] = None
+    return list(out)
+
+
+def _sed(line: int, old: str, new: str) -> str:
+    pattern = re.sub(r"([\\/.*\[\]^$])", r"\\\1", old)
+    replacement = re.sub(r"([\\/&])", r"\\\1", new)
+    return f"{line}s/{pattern}/{replacement}/"
+
+
+def try_command(path: str, line: int, old: str, new: str, test_command: str) -> str:
+    """Apply one repair; keep it and print `fixed` when the tests pass (within the time limit), else undo it."""
+    return (f"sed -i '{_sed(line, old, new)}' {path}; timeout {SEARCH_TIMEOUT_S} {test_command} > /dev/null && echo fixed "
+            f"|| sed -i '{_sed(line, new, old)}' {path}")
+
+
+@lru_cache(maxsize=4096)
+def search_plan(task_dir: str, effort: str, seed: int) -> list[Action]:
+    """The searcher's actions: show the called function, try repairs in a seeded order, submit."""
+    task = load_task(task_dir)
+    tries = SEARCH_TRIES.get(effort, SEARCH_TRIES["medium"])
+    files = [fp for fp in parse_patch(task.solution_patch) if fp.old_path and fp.new_path]
+    if len(files) != 1:
+        return [Action("submit")]
+    path = files[0].old_path
+    source = (task.repo / path).read_text()
+    name = searched_function(task.instruction, source)
+    if name is None:
+        return [Action("submit")]
+    candidates = repair_candidates(source, grep_lines(name, source))
+    solved = _solved(task_dir, path)  # the oracle's one privilege: which candidate is the fix
+    right = [c for c in candidates if _applies(source, c) == solved]
+    wrong = [c for c in candidates if c not in right]
+    rng = random.Random(seed)
+    rng.shuffle(wrong)
+    order = wrong[:tries]
+    if right:
+        order = wrong[: rng.randrange(min(tries, len(candidates)))] + right[:1]
+    return [Action("shell", {"command": grep_command(name, path, source)}),
+            *(Action("shell", {"command": try_command(path, *c, task.test_command)}) for c in order),
+            Action("submit")]
+
+
+def _applies(source: str, candidate: tuple[int, str, str]) -> str:
+    line, old, new = candidate
+    lines = source.splitlines(keepends=True)
+    lines[line - 1] = lines[line - 1].replace(old, new, 1)
+    return "".join(lines)
+
+
+def _solved(task_dir: str, path: str) -> str:
+    from flywheel.tasks.patch import apply_patch
+
+    task = load_task(task_dir)
+    return apply_patch({path: (task.repo / path).read_text()}, task.solution_patch)[path]
+
+
 class ScriptedModel:
     """The oracle as a `Model`: one turn of its plan per request."""
 
     native_tools = False  # speaks the tagged format unless the request offers tools
 
-    def __init__(self, noisy: bool = False, seed: int = 0):
-        self.noisy, self.seed = noisy, seed
-        self.name = "scripted-noisy" if noisy else "scripted"
+    def __init__(self, noisy: bool = False, seed: int = 0, search: bool = False):
+        self.noisy, self.seed, self.search = noisy, seed, search
+        self.name = "scripted-search" if search else "scripted-noisy" if noisy else "scripted"
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         return [self._one(r) for r in requests]
@@ -128,8 +271,15 @@ class ScriptedModel:
         if not task_dir:
             return Completion("", finish_reason="error", error="scripted model needs the task (Request.meta['task_dir'])")
         episode = r.meta.get("episode", "")
-        steps = plan(task_dir, self.noisy, stable_seed(self.seed, episode))
         step = sum(m["role"] == "assistant" for m in r.messages)
+        if self.search:
+            effort = re.search(r"Effort: (\w+)\.", str(r.messages[0].get("content") or ""))
+            steps: list[Action | str] = list(search_plan(task_dir, effort.group(1) if effort else "medium",
+                                                         stable_seed(self.seed, episode)))
+            if step and "\nfixed" in str(r.messages[-1].get("content") or ""):  # the last repair was kept
+                steps[step:] = [Action("submit")]
+        else:
+            steps = plan(task_dir, self.noisy, stable_seed(self.seed, episode))
         action = steps[min(step, len(steps) - 1)]
         prompt_tokens = sum(_count_tokens(str(m.get("content") or "")) for m in r.messages)
         if isinstance(action, str):

@@ -1,0 +1,103 @@
+"""`scripted-search`: one-line repairs found by search, applied with real `sed` in a real shell."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flywheel.harness import EpisodeSpec, get_effort, run_episodes
+from flywheel.models.scripted import (SEARCH_TRIES, ScriptedModel, grep_lines, repair_candidates, searched_function,
+                                      try_command)
+from flywheel.tasks import task_toml, write_task
+from flywheel.tasks.patch import make_patch
+
+GOOD = '''def clamp(x, lo, hi):
+    """Clamp x into [lo, hi]."""
+    if x < lo:
+        return lo
+    if x > hi:
+        return hi
+    return x
+
+
+def span(lo, hi):
+    return hi - lo
+
+
+def middle(s):
+    return s[len(s) // 2]
+'''
+BUGGY = GOOD.replace("return hi - lo", "return hi + lo")
+TESTS = '''from mathx import clamp, span
+
+
+def test_clamp_high():
+    assert clamp(6, 0, 5) == 5
+
+
+def test_span():
+    assert span(2, 5) == 3
+'''
+
+
+def test_candidates_include_the_inverse_of_the_bug_and_undo_cleanly():
+    lines = grep_lines("clamp", BUGGY)
+    assert searched_function("`clamp(6, 0, 5)` is wrong", BUGGY) == "clamp"
+    assert lines == set(range(1, 16))  # the `def` line and 20 after it, clipped to the file
+    candidates = repair_candidates(BUGGY, lines)
+    assert (11, "+", "-") in candidates and (3, "<", "<=") in candidates and (5, "x", "not x") in candidates
+    assert all(c[0] in lines for c in candidates)
+    text = BUGGY.splitlines()
+    for line, old, new in candidates:
+        repaired = text[line - 1].replace(old, new, 1)
+        assert repaired != text[line - 1] and repaired.replace(new, old, 1) == text[line - 1]
+
+
+@pytest.mark.parametrize("candidate", [(15, "s[len(s)", "s[len(s)"), (5, ">", ">="), (15, "//", "*")])
+@pytest.mark.parametrize("passes", [True, False])
+def test_try_command_keeps_a_passing_repair_and_undoes_a_failing_one(tmp_path, candidate, passes):
+    line, old, new = candidate
+    if old == new:  # a repair with regex metacharacters on both sides
+        old, new = "s[len(s) // 2]", "s[len(s) // 2 + 1]"
+    (tmp_path / "mathx.py").write_text(BUGGY)
+    command = try_command("mathx.py", line, old, new, "true" if passes else "false")
+    r = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True)
+    after = (tmp_path / "mathx.py").read_text()
+    expected = BUGGY.splitlines(keepends=True)
+    expected[line - 1] = expected[line - 1].replace(old, new, 1)
+    assert r.returncode == 0 and r.stdout == ("fixed\n" if passes else "")
+    assert after == ("".join(expected) if passes else BUGGY)
+
+
+def write_clamp_task(dest: Path, instruction: str):
+    return write_task(
+        dest,
+        toml=task_toml(id=dest.name, instruction=instruction, test_command="python -m pytest -q tests",
+                       fail_to_pass=["tests/test_mathx.py::test_span"],
+                       pass_to_pass=["tests/test_mathx.py::test_clamp_high"], timeout_s=30, meta={"split": "train"}),
+        repo={"mathx.py": BUGGY, "tests/test_mathx.py": TESTS},
+        hidden_tests={"tests/test_mathx.py": TESTS},
+        solution_patch=make_patch({"mathx.py": BUGGY}, {"mathx.py": GOOD}),
+    )
+
+
+def test_searcher_finds_the_repair_through_the_real_harness(tmp_path):
+    task = write_clamp_task(tmp_path / "clamp", "`span(2, 5)` returns 7 but it should return 3.")
+    recs = run_episodes([EpisodeSpec(task, get_effort("max"), seed=s) for s in range(2)],
+                        ScriptedModel(search=True), concurrency=2)
+    for rec in recs:
+        tools = [t for t in rec["turns"] if t["role"] == "tool"]
+        assert rec["success"] and rec["ending"] == "submitted" and rec["steps_to_first_edit"] == 2
+        assert tools[0]["text"].startswith("exit code 0\n10:def span(lo, hi):")
+        assert tools[-2]["text"] == "exit code 0\nfixed" and tools[-1]["name"] == "submit"
+        assert all(t["text"] == "exit code 0" for t in tools[1:-2])  # the wrong repairs, each undone
+
+
+def test_searcher_gives_up_after_its_quota_when_no_repair_is_the_fix(tmp_path):
+    task = write_clamp_task(tmp_path / "clamp", "`middle('abc')` crashes.")  # the function called is not the bug's
+    rec = run_episodes([EpisodeSpec(task, get_effort("medium"))], ScriptedModel(search=True), concurrency=1)[0]
+    tools = [t["name"] for t in rec["turns"] if t["role"] == "tool"]
+    assert SEARCH_TRIES["medium"] == 4  # and `middle` has four candidates: all are tried
+    assert not rec["success"] and tools == ["shell"] * (1 + 4) + ["submit"]
