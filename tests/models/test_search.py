@@ -8,8 +8,14 @@ from pathlib import Path
 import pytest
 
 from flywheel.harness import EpisodeSpec, get_effort, run_episodes
-from flywheel.models.scripted import (SEARCH_TRIES, ScriptedModel, grep_lines, repair_candidates, searched_function,
-                                      try_command)
+from flywheel.models.scripted import (
+    SEARCH_TRIES,
+    ScriptedModel,
+    grep_lines,
+    repair_candidates,
+    searched_function,
+    try_command,
+)
 from flywheel.tasks import task_toml, write_task
 from flywheel.tasks.patch import make_patch
 

@@ -185,7 +185,7 @@ def repair_candidates(source: str, lines: set[int]) -> list[tuple[int, str, str]
     for new_text in edited:
         if len(new_text) != len(text):
             continue
-        diff = [i for i, (x, y) in enumerate(zip(text, new_text)) if x != y]
+        diff = [i for i, (x, y) in enumerate(zip(text, new_text, strict=True)) if x != y]
         if len(diff) != 1 or diff[0] + 1 not in lines:
             continue
         i = diff[0]
