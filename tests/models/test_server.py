@@ -207,12 +207,15 @@ def test_batcher_caps_batches_and_fails_after_close(shout):
 # ------------------------------------------------------------------------------------------ the CLI
 
 
-def test_serve_command_serves_until_interrupted():
+@pytest.mark.parametrize("stop, ignored", [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False)])
+def test_serve_command_serves_until_interrupted(stop, ignored):
+    """`ignored`: started with SIGINT ignored, as a background job of a non-interactive shell is."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "flywheel", "serve", "--model", "scripted", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None,
     )
     try:
         line = proc.stdout.readline()
@@ -221,7 +224,7 @@ def test_serve_command_serves_until_interrupted():
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         conn.request("GET", "/v1/models")
         assert json.loads(conn.getresponse().read())["data"][0]["id"] == "scripted"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         assert proc.wait(timeout=20) == 0
     finally:
         proc.kill()

@@ -1,6 +1,8 @@
-"""`flywheel serve`: any model behind an OpenAI-compatible HTTP API, until Ctrl-C."""
+"""`flywheel serve`: any model behind an OpenAI-compatible HTTP API, until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
+
+import signal
 
 import typer
 
@@ -29,6 +31,9 @@ def serve(
     except OSError as e:
         raise FlywheelError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     typer.echo(f"serving {server.model_name} at {server.url}")
+    # Both stop it, even where SIGINT was ignored at start (a background job of a non-interactive shell).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
     try:
         while thread.is_alive():
             thread.join(0.5)
@@ -36,3 +41,7 @@ def serve(
         typer.echo("stopping", err=True)
     finally:
         server.close()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
