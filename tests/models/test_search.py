@@ -96,7 +96,7 @@ def test_searcher_finds_the_repair_through_the_real_harness(tmp_path):
     for rec in recs:
         tools = [t for t in rec["turns"] if t["role"] == "tool"]
         assert rec["success"] and rec["ending"] == "submitted" and rec["steps_to_first_edit"] == 2
-        assert tools[0]["text"].startswith("exit code 0\n10:def span(lo, hi):")
+        assert tools[0]["text"].startswith("exit code 0\n     1\tdef clamp(x, lo, hi):")
         assert tools[-2]["text"] == "exit code 0\nfixed" and tools[-1]["name"] == "submit"
         assert all(t["text"] == "exit code 0" for t in tools[1:-2])  # the wrong repairs, each undone
 

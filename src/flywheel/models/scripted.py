@@ -8,16 +8,14 @@ read the task's reference solution (an oracle's privilege), so they are for test
 reported as model results.
 
 `scripted-search` teaches a strategy that needs no oracle, so that what a model learns from it carries
-over to code it has never seen: show the function that the bug report calls (`grep -n -A`), then try
-repairs one shell command at a time — each the inverse of one mutation operator on one line (`sed -i`),
-kept if the tests pass (the command prints `fixed`) and undone otherwise — and submit once one is
-kept. The oracle only chooses where in its random order of candidates the right one falls, within the
-effort level's number of tries; when no candidate is the fix, it tries its quota of wrong ones and
-submits, as a searcher without the oracle would.
-
-Each call is stateless: the plan is recomputed from the task and a seed, and the step is the number of
-assistant turns so far. The oracle answers in whichever format the request asks for: native tool calls
-when tools are offered, the tagged text format otherwise.
+over to code it has never seen: show the module (`cat -n *.py`), then try repairs one shell command at a
+time — each the inverse of one mutation operator on one line of the function that the bug report calls
+(`sed -i`), kept if the tests pass (the command prints `fixed`) and undone otherwise — and submit once one
+is kept. Every command names the module by the glob `*.py` (a toybugs repository has one module beside
+its tests), so the only things to read off the context are a line number and the text on that line: a
+tiny model does not copy a name it has never seen (README, Status). The oracle only chooses where in its
+random order of candidates the right one falls, within the effort level's number of tries; when no
+candidate is the fix, it tries its quota of wrong ones and submits, as a searcher without it would.
 """
 
 from __future__ import annotations
@@ -123,7 +121,9 @@ def plan(task_dir: str, noisy: bool, seed: int) -> list[Action | str]:
 # ------------------------------------------------------------------------------------- the searcher
 
 SEARCH_TRIES = {"medium": 4, "high": 8, "max": 12}  # repairs tried per effort level (turns: tries + 2)
-SEARCH_CONTEXT = 20  # lines shown after the `def` line
+SEARCH_CONTEXT = 20  # lines searched from the `def` line of the called function on
+SEARCH_SHOW = "cat -n *.py"
+SEARCH_FILES = "*.py"
 SEARCH_TIMEOUT_S = 5  # a wrong repair can loop forever; the tests of a small module take well under 1 s
 _NAME = re.compile(r"([A-Za-z_]\w*)\(")
 
@@ -138,13 +138,8 @@ def searched_function(instruction: str, source: str) -> str | None:
     return None
 
 
-def grep_command(name: str, path: str, source: str) -> str:
-    kind = "class" if re.search(rf"^\s*class {name}\b", source, re.M) else "def"
-    return f'grep -n -A {SEARCH_CONTEXT} "{kind} {name}" {path}'
-
-
 def grep_lines(name: str, source: str) -> set[int]:
-    """1-based lines that `grep_command` shows."""
+    """1-based lines from each `def name` (or `class name`) on, as `grep -n -A SEARCH_CONTEXT` shows them."""
     lines = source.splitlines()
     kind = "class" if re.search(rf"^\s*class {name}\b", source, re.M) else "def"
     shown: set[int] = set()
@@ -215,7 +210,7 @@ def try_command(path: str, line: int, old: str, new: str, test_command: str) -> 
 
 @lru_cache(maxsize=4096)
 def search_plan(task_dir: str, effort: str, seed: int) -> list[Action]:
-    """The searcher's actions: show the called function, try repairs in a seeded order, submit."""
+    """The searcher's actions: show the module, try repairs in the called function in a seeded order, submit."""
     task = load_task(task_dir)
     tries = SEARCH_TRIES.get(effort, SEARCH_TRIES["medium"])
     files = [fp for fp in parse_patch(task.solution_patch) if fp.old_path and fp.new_path]
@@ -235,8 +230,8 @@ def search_plan(task_dir: str, effort: str, seed: int) -> list[Action]:
     order = wrong[:tries]
     if right:
         order = wrong[: rng.randrange(min(tries, len(candidates)))] + right[:1]
-    return [Action("shell", {"command": grep_command(name, path, source)}),
-            *(Action("shell", {"command": try_command(path, *c, task.test_command)}) for c in order),
+    return [Action("shell", {"command": SEARCH_SHOW}),
+            *(Action("shell", {"command": try_command(SEARCH_FILES, *c, task.test_command)}) for c in order),
             Action("submit")]
 
 
