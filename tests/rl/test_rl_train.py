@@ -127,6 +127,15 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
         assert needle in err and "Traceback" not in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path, SftConfig if path.name.startswith("sft") else RunConfig)
+    if isinstance(cfg, SftConfig) and cfg.data.teacher.startswith("scripted"):
+        from flywheel.models import get_model
+
+        assert get_model(cfg.data.teacher).name == cfg.data.teacher
+
+
 def test_config_types_are_checked():
     from flywheel.rl.config import from_dict
 
