@@ -11,7 +11,7 @@ from flywheel.harness import EpisodeSpec, get_effort, run_episodes
 from flywheel.models.scripted import (
     SEARCH_TRIES,
     ScriptedModel,
-    grep_lines,
+    function_lines,
     repair_candidates,
     searched_function,
     try_command,
@@ -49,7 +49,7 @@ def test_span():
 
 
 def test_candidates_include_the_inverse_of_the_bug_and_undo_cleanly():
-    lines = grep_lines("clamp", BUGGY)
+    lines = function_lines("clamp", BUGGY)
     assert searched_function("`clamp(6, 0, 5)` is wrong", BUGGY) == "clamp"
     assert lines == set(range(1, 16))  # the `def` line and 20 after it, clipped to the file
     candidates = repair_candidates(BUGGY, lines)

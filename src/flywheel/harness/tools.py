@@ -100,7 +100,7 @@ class Tools:
         """(mtime, size) of each file but caches: a shell command that writes one has edited the workspace."""
         out = {}
         for p in self.workspace.rglob("*"):
-            if not _CACHES.intersection(p.parts) and p.is_file():
+            if not _CACHES.intersection(p.relative_to(self.workspace).parts) and p.is_file():
                 st = p.stat()
                 out[p.as_posix()] = (st.st_mtime_ns, st.st_size)
         return out

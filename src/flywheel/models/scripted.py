@@ -16,6 +16,10 @@ its tests), so the only things to read off the context are a line number and the
 tiny model does not copy a name it has never seen (README, Status). The oracle only chooses where in its
 random order of candidates the right one falls, within the effort level's number of tries; when no
 candidate is the fix, it tries its quota of wrong ones and submits, as a searcher without it would.
+
+Each call is stateless: the plan is recomputed from the task and a seed, and the step is the number of
+assistant turns so far. The oracle answers in whichever format the request asks for: native tool calls
+when tools are offered, the tagged text format otherwise.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from flywheel.harness.actions import Action, render_tagged
 from flywheel.protocols import Completion, Request
 from flywheel.seeding import stable_seed
 from flywheel.tasks.format import load_task
-from flywheel.tasks.patch import parse_patch
+from flywheel.tasks.patch import apply_patch, parse_patch
 
 
 def _count_tokens(text: str) -> int:
@@ -138,8 +142,8 @@ def searched_function(instruction: str, source: str) -> str | None:
     return None
 
 
-def grep_lines(name: str, source: str) -> set[int]:
-    """1-based lines from each `def name` (or `class name`) on, as `grep -n -A SEARCH_CONTEXT` shows them."""
+def function_lines(name: str, source: str) -> set[int]:
+    """1-based lines from each `def name` (or `class name`) line to SEARCH_CONTEXT lines after it."""
     lines = source.splitlines()
     kind = "class" if re.search(rf"^\s*class {name}\b", source, re.M) else "def"
     shown: set[int] = set()
@@ -221,8 +225,8 @@ def search_plan(task_dir: str, effort: str, seed: int) -> list[Action]:
     name = searched_function(task.instruction, source)
     if name is None:
         return [Action("submit")]
-    candidates = repair_candidates(source, grep_lines(name, source))
-    solved = _solved(task_dir, path)  # the oracle's one privilege: which candidate is the fix
+    candidates = repair_candidates(source, function_lines(name, source))
+    solved = apply_patch({path: source}, task.solution_patch)[path]  # the oracle's one privilege
     right = [c for c in candidates if _applies(source, c) == solved]
     wrong = [c for c in candidates if c not in right]
     rng = random.Random(seed)
@@ -240,13 +244,6 @@ def _applies(source: str, candidate: tuple[int, str, str]) -> str:
     lines = source.splitlines(keepends=True)
     lines[line - 1] = lines[line - 1].replace(old, new, 1)
     return "".join(lines)
-
-
-def _solved(task_dir: str, path: str) -> str:
-    from flywheel.tasks.patch import apply_patch
-
-    task = load_task(task_dir)
-    return apply_patch({path: (task.repo / path).read_text()}, task.solution_patch)[path]
 
 
 class ScriptedModel:
