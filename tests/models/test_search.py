@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from flywheel.models.scripted import (
     searched_function,
     try_command,
 )
+from flywheel.sandbox import get_sandbox
 from flywheel.tasks import task_toml, write_task
 from flywheel.tasks.patch import make_patch
 
@@ -53,7 +53,7 @@ def test_candidates_include_the_inverse_of_the_bug_and_undo_cleanly():
     assert searched_function("`clamp(6, 0, 5)` is wrong", BUGGY) == "clamp"
     assert lines == set(range(1, 16))  # the `def` line and 20 after it, clipped to the file
     candidates = repair_candidates(BUGGY, lines)
-    assert (11, "+", "-") in candidates and (3, "<", "<=") in candidates and (5, "x", "not x") in candidates
+    assert (11, " +", " -") in candidates and (3, " <", " <=") in candidates and (5, " x", " not x") in candidates
     assert all(c[0] in lines for c in candidates)
     text = BUGGY.splitlines()
     for line, old, new in candidates:
@@ -61,19 +61,19 @@ def test_candidates_include_the_inverse_of_the_bug_and_undo_cleanly():
         assert repaired != text[line - 1] and repaired.replace(new, old, 1) == text[line - 1]
 
 
-@pytest.mark.parametrize("candidate", [(15, "s[len(s)", "s[len(s)"), (5, ">", ">="), (15, "//", "*")])
+@pytest.mark.parametrize("candidate", [(15, "s[len(s)", "s[len(s)"), (5, " >", " >="), (15, " //", " *")])
 @pytest.mark.parametrize("passes", [True, False])
 def test_try_command_keeps_a_passing_repair_and_undoes_a_failing_one(tmp_path, candidate, passes):
     line, old, new = candidate
     if old == new:  # a repair with regex metacharacters on both sides
         old, new = "s[len(s) // 2]", "s[len(s) // 2 + 1]"
     (tmp_path / "mathx.py").write_text(BUGGY)
-    command = try_command("mathx.py", line, old, new, "true" if passes else "false")
-    r = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True)
+    command = try_command("*.py", line, old, new, "true" if passes else "false")
+    r = get_sandbox().run(tmp_path, ["bash", "-c", command])  # with its own /tmp, as in an episode
     after = (tmp_path / "mathx.py").read_text()
     expected = BUGGY.splitlines(keepends=True)
     expected[line - 1] = expected[line - 1].replace(old, new, 1)
-    assert r.returncode == 0 and r.stdout == ("fixed\n" if passes else "")
+    assert r.exit_code == 0 and r.output == ("fixed\n" if passes else "")
     assert after == ("".join(expected) if passes else BUGGY)
 
 

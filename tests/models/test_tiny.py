@@ -65,3 +65,27 @@ def test_max_token_chars_spells_repeated_names_in_shared_pieces():
     pieces = capped.encode(" csvline.py").tokens
     assert len(pieces) > 3 and all(len(p.lstrip("Ġ")) <= 3 for p in pieces)
     assert capped.decode(capped.encode("csvline.py ledger.py").ids) == "csvline.py ledger.py"
+
+
+def test_split_symbols_spells_a_line_number_and_an_operator_alike_in_a_listing_and_a_command(tmp_path):
+    from transformers import AutoTokenizer
+
+    from flywheel.models.tiny import CHAT_TEMPLATE, train_tokenizer, wrap_tokenizer
+
+    listing = "    16\t        if initial < 1:\n    17\t            raise ValueError()\n"
+    command = "sed -i '16s/ </ <=/' *.py; timeout 5 python -m pytest -q tests > /dev/null && echo fixed"
+    texts = [listing, command] * 30
+    plain, split = train_tokenizer(texts, 400), train_tokenizer(texts, 400, split_symbols=True)
+
+    def tokens(tok, text, part):  # the tokens that overlap `part` where it first stands in `text`
+        enc, start = tok.encode(text), text.index(part)
+        return [t for t, (a, b) in zip(enc.tokens, enc.offsets, strict=True) if a < start + len(part) and b > start]
+
+    assert "Ġ16" in tokens(plain, listing, "16") and tokens(plain, command, "16") == ["16"]  # two spellings
+    assert "Ġ<" in tokens(plain, listing, " <") and "Ġ<" not in tokens(plain, command, " <")
+    assert tokens(split, listing, "16") == tokens(split, command, "16") == ["1", "6"]
+    assert tokens(split, listing, " <") == tokens(split, command, " <") == ["Ġ", "<"]
+    tok = wrap_tokenizer(split, CHAT_TEMPLATE)
+    assert tok.decode(tok(listing + command)["input_ids"]) == listing + command
+    tok.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path)(command)["input_ids"] == tok(command)["input_ids"]

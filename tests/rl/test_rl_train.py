@@ -213,15 +213,15 @@ def test_sft_refuses_a_context_weight_the_actions_cannot_outweigh(tmp_path, caps
 
 
 def test_sft_renames_its_share_of_the_teachers_episodes(base):
-    from flywheel.rl.sft import collect, renamed
+    from flywheel.rl.sft import augmented, collect
 
     cfg = load_config(ROOT / "configs" / "sft-quick.toml", SftConfig)
     records = collect(cfg)  # cached by the fixture's run
     convs = [messages_of(r) for r in records]
-    out = renamed(convs, records, cfg)
+    out = augmented(convs, records, cfg)
     changed = [a != b for a, b in zip(convs, out, strict=True)]
     assert 0 < sum(changed) < len(convs)  # rename = 0.5 of 6 episodes, drawn from the seed
-    assert out == renamed(convs, records, cfg)  # deterministic
+    assert out == augmented(convs, records, cfg)  # deterministic
     for before, after, r in zip(convs, out, records, strict=True):
         assert after[0] == before[0]  # the system prompt
         module = r["task_id"].split("-")[1]

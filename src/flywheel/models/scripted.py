@@ -10,10 +10,11 @@ reported as model results.
 `scripted-search` teaches a strategy that needs no oracle, so that what a model learns from it carries
 over to code it has never seen: show the module (`cat -n *.py`), then try repairs one shell command at a
 time — each the inverse of one mutation operator on one line of the function that the bug report calls
-(`sed -i`), kept if the tests pass (the command prints `fixed`) and undone otherwise — and submit once one
-is kept. Every command names the module by the glob `*.py` (a toybugs repository has one module beside
-its tests), so the only things to read off the context are a line number and the text on that line: a
-tiny model does not copy a name it has never seen (README, Status). The oracle only chooses where in its
+(`sed -i`), kept if the tests pass (the command prints `fixed`), otherwise undone by copying back the
+module it copied aside first — and submit once one is kept. Every command names the module by the glob
+`*.py` (a toybugs repository has one module beside its tests), so the only things to read off the context
+are a line number and the text on that line: a tiny model does not copy a name it has never seen (README,
+Status). The text replaced starts with the space before it (` <`, ` and`), as it is spelled in the code. The oracle only chooses where in its
 random order of candidates the right one falls, within the effort level's number of tries; when no
 candidate is the fix, it tries its quota of wrong ones and submits, as a searcher without it would.
 
@@ -154,7 +155,8 @@ def function_lines(name: str, source: str) -> set[int]:
 
 
 def _token_span(a: str, b: str) -> tuple[int, int, int] | None:
-    """(start, end in a, end in b) of the one differing region, widened to whitespace on both sides."""
+    """(start, end in a, end in b) of the one differing region, widened to whitespace on both sides and
+    starting with the space before it, if any."""
     p = 0
     while p < min(len(a), len(b)) and a[p] == b[p]:
         p += 1
@@ -166,6 +168,8 @@ def _token_span(a: str, b: str) -> tuple[int, int, int] | None:
         p -= 1
     while ea < len(a) and a[ea] != " ":
         ea, eb = ea + 1, eb + 1
+    if p > 0:  # the space before the differing token: ` <` is how the code spells it
+        p -= 1
     return (p, ea, eb) if p < ea else None
 
 
@@ -207,9 +211,11 @@ def _sed(line: int, old: str, new: str) -> str:
 
 
 def try_command(path: str, line: int, old: str, new: str, test_command: str) -> str:
-    """Apply one repair; keep it and print `fixed` when the tests pass (within the time limit), else undo it."""
-    return (f"sed -i '{_sed(line, old, new)}' {path}; timeout {SEARCH_TIMEOUT_S} {test_command} > /dev/null && echo fixed "
-            f"|| sed -i '{_sed(line, new, old)}' {path}")
+    """Apply one repair to `path` (a file or a glob in the repository's root); keep it and print `fixed`
+    when the tests pass (within the time limit), else copy back the files copied aside before it. The undo
+    is the same text for every try, so a wrong try never becomes a wrong undo."""
+    return (f"cp {path} /tmp; sed -i '{_sed(line, old, new)}' {path}; timeout {SEARCH_TIMEOUT_S} {test_command} "
+            f"> /dev/null && echo fixed || cp /tmp/{path} .")
 
 
 @lru_cache(maxsize=4096)

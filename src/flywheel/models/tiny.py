@@ -42,16 +42,24 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, max_token_chars: int = 0):
+def train_tokenizer(texts: Iterable[str], vocab_size: int, max_token_chars: int = 0, split_symbols: bool = False):
     """A byte-level BPE `tokenizers.Tokenizer` trained on `texts` (special tokens get ids 0, 1, 2).
 
     `max_token_chars` > 0 caps a merged token's length, so that names the texts repeat (a module's) are
     spelled in pieces that other names share instead of becoming one token of their own.
+
+    `split_symbols` makes every digit and punctuation mark a token of its own, so that a text is spelled
+    with the same tokens wherever it stands. Without it, line 16 is ` 16` in a `cat -n` listing and `16`
+    in `sed -i '16s/`, and `<` is ` <` in code and part of `/</` in a `sed` command: a model that copies
+    from its context has to learn each such pair, where a matching token would do.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.Punctuation(behavior="isolated"), byte_level,
+    ]) if split_symbols else byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -109,6 +117,7 @@ def build_tiny_model(
     seed: int = 0,
     chat_template: str = CHAT_TEMPLATE,
     max_token_chars: int = 0,
+    split_symbols: bool = False,
 ) -> Path:
     """Train a tokenizer on `texts`, initialise a tiny Llama with `seed`, save both to `out_dir` (HF format).
 
@@ -121,7 +130,7 @@ def build_tiny_model(
         raise FlywheelError(f"{out}: refusing to build a model into a non-empty directory")
     if hidden % heads:
         raise FlywheelError(f"hidden size {hidden} is not divisible by {heads} heads")
-    tokenizer = wrap_tokenizer(train_tokenizer(texts, vocab_size, max_token_chars), chat_template)
+    tokenizer = wrap_tokenizer(train_tokenizer(texts, vocab_size, max_token_chars, split_symbols), chat_template)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     config = tiny_config(len(tokenizer), hidden, layers, heads, ids, max_positions)
     with torch.random.fork_rng(devices=[]):

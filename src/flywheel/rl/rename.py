@@ -1,4 +1,5 @@
-"""Renaming augmentation for imitation data: the same episode with the task's own names made up anew.
+"""Augmentation for imitation data: the same episode with the task's own names made up anew, or with
+its module's lines at other numbers.
 
 A base trained on eleven train modules learns their names by heart: on a held-out task it views
 `textutil.py` when the report names `ledger.py`. Renaming every identifier the task's code defines (the
@@ -14,6 +15,9 @@ no sandbox: nothing is run again.
 
 `rename_task` does the same to a task itself (repository, hidden tests, report, test ids, solution), so RL
 can train on fresh copies of its tasks (`[tasks] rename` in a run config).
+
+`shift_lines` moves a module's lines down by inserting blank lines, through its `cat -n` listings and
+the `sed` line addresses that refer to them, so that line numbers are read off the listing, not recalled.
 """
 
 from __future__ import annotations
@@ -186,3 +190,56 @@ def rename_task(task, dest: Path, rng: random.Random):
         hidden_tests=tree(task.hidden_tests),
         solution_patch=rename_text(task.solution_patch, mapping),
     )
+
+
+# ------------------------------------------------------------------------------------- line shifts
+
+_LISTED = re.compile(r"^ *(\d+)\t(.*)$")  # a line of `cat -n` output
+_SED_LINE = re.compile(r"(sed -i '?)(\d+)(s/)")  # `sed -i 'Ns/...` addresses line N
+
+
+def shift_lines(messages: list[dict[str, Any]], rng: random.Random, most: int) -> list[dict[str, Any]]:
+    """The conversation as if the module had up to `most` more blank lines, each next to a blank line it
+    already has: every `cat -n` listing is renumbered and every `sed -i 'Ns/…'` address follows its line.
+
+    A base that sees each train module at the same line numbers can learn "line 41 holds `not in`" by
+    heart; on held-out code only reading the number off the listing works. Conversations without a
+    listing, and listings that do not start at line 1, are returned unchanged.
+    """
+    listings = [i for i, m in enumerate(messages) if m["role"] == "user" and _listing(m["content"])]
+    if not listings or most <= 0:
+        return messages
+    lines = _listing(messages[listings[0]]["content"])
+    blank = [n for n, text in lines if not text.strip()]
+    if not blank:
+        return messages
+    after = sorted(rng.choice(blank) for _ in range(rng.randint(0, most)))  # a blank line goes after these
+
+    def moved(n: int) -> int:
+        return n + sum(p < n for p in after)
+
+    out = []
+    for i, m in enumerate(messages):
+        if i in listings:
+            text = m["content"].split("\n")
+            rows = []
+            for row in text:
+                hit = _LISTED.match(row)
+                if hit is None:
+                    rows.append(row)
+                    continue
+                n = int(hit.group(1))
+                rows.append(f"{moved(n):6d}\t{hit.group(2)}")
+                rows += [f"{moved(n) + k:6d}\t" for k in range(1, after.count(n) + 1)]
+            m = {**m, "content": "\n".join(rows)}
+        elif m["role"] == "assistant":
+            m = {**m, "content": _SED_LINE.sub(lambda h: f"{h.group(1)}{moved(int(h.group(2)))}{h.group(3)}",
+                                               m["content"])}
+        out.append(m)
+    return out
+
+
+def _listing(text: str) -> list[tuple[int, str]]:
+    """(number, text) of each line of a `cat -n` listing in `text` that starts at line 1 ([] if none)."""
+    rows = [(int(h.group(1)), h.group(2)) for h in map(_LISTED.match, text.split("\n")) if h]
+    return rows if rows and rows[0][0] == 1 else []

@@ -50,6 +50,8 @@ class SftDataConfig:
     observation_chars: int = 1500  # must match the runs that use the model (RolloutConfig)
     concurrency: int = 16
     rename: float = 0.0  # share of episodes whose task names are made up anew (flywheel.rl.rename)
+    shift: int = 0  # most blank lines added to the module of an episode with a `cat -n` listing (shift_lines)
+    copies: int = 1  # times each episode is imitated, each copy renamed and shifted on its own
 
 
 @dataclass
@@ -61,6 +63,7 @@ class SftModelConfig:
     heads: int = 4
     max_positions: int = 2048
     max_token_chars: int = 0  # longest tokenizer token in characters (0: no limit)
+    split_symbols: bool = False  # each digit and punctuation mark a token of its own (train_tokenizer)
 
 
 @dataclass
@@ -90,6 +93,9 @@ class SftConfig:
 # ------------------------------------------------------------------------------------------ the data
 
 
+DATA_FORMAT = 2  # raised whenever a teacher's episodes change, so that cached ones are collected anew
+
+
 def collect(cfg: SftConfig) -> list[dict[str, Any]]:
     """Teacher trajectories on the train split (not graded), cached by the data config and seed.
 
@@ -99,8 +105,8 @@ def collect(cfg: SftConfig) -> list[dict[str, Any]]:
     from flywheel.rl.config import to_dict
     from flywheel.tasks import cache_dir
 
-    data = {k: v for k, v in to_dict(cfg.data).items() if k != "rename"}  # applied after collection
-    key = hashlib.sha256(json.dumps([cfg.seed, data], sort_keys=True).encode()).hexdigest()[:16]
+    data = {k: v for k, v in to_dict(cfg.data).items() if k not in _AUGMENTS}  # applied after collection
+    key = hashlib.sha256(json.dumps([cfg.seed, data, DATA_FORMAT], sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / "sft-data" / f"{key}.jsonl"
     if path.is_file():
         return [json.loads(line) for line in path.read_text().splitlines()]
@@ -138,23 +144,31 @@ def _collect(cfg: SftConfig) -> list[dict[str, Any]]:
                        on_record=lambda r: advance())
 
 
-def renamed(conversations: list[list[dict[str, Any]]], records: list[dict[str, Any]],
-            cfg: SftConfig) -> list[list[dict[str, Any]]]:
-    """The conversations with a `data.rename` share of them renamed (`flywheel.rl.rename`), chosen and
-    renamed deterministically from the seed; names shared by half the source modules are kept."""
-    if not cfg.data.rename:
-        return conversations
-    from flywheel.rl.rename import generic_words, rename_messages
+_AUGMENTS = ("rename", "shift", "copies")  # data keys applied to the collected episodes
+
+
+def augmented(conversations: list[list[dict[str, Any]]], records: list[dict[str, Any]],
+              cfg: SftConfig) -> list[list[dict[str, Any]]]:
+    """`data.copies` copies of the conversations, each with a `data.rename` share renamed and every one
+    shifted by up to `data.shift` lines (`flywheel.rl.rename`), deterministically from the seed; names
+    shared by half the source modules are kept."""
+    from flywheel.rl.rename import generic_words, rename_messages, shift_lines
     from flywheel.tasks import load_suite
 
-    tasks = {t.id: t for t in load_suite(cfg.data.suite, split=cfg.data.split)}
-    groups = [str(tasks[r["task_id"]].meta.get("module", r["task_id"])) for r in records]
-    keep = generic_words(conversations, groups)
-    rng = random.Random(cfg.seed + 2)
+    d = cfg.data
+    if not d.rename and not d.shift and d.copies == 1:
+        return conversations
+    tasks = {t.id: t for t in load_suite(d.suite, split=d.split)}
+    keep: set[str] = set()
+    if d.rename:
+        keep = generic_words(conversations, [str(tasks[r["task_id"]].meta.get("module", r["task_id"])) for r in records])
+    rng, shifts = random.Random(cfg.seed + 2), random.Random(cfg.seed + 3)
     out = []
-    for conv, r in zip(conversations, records, strict=True):
-        chosen = rng.random() < cfg.data.rename
-        out.append(rename_messages(conv, tasks[r["task_id"]].repo, rng, keep) if chosen else conv)
+    for _ in range(d.copies):
+        for conv, r in zip(conversations, records, strict=True):
+            if d.rename and rng.random() < d.rename:
+                conv = rename_messages(conv, tasks[r["task_id"]].repo, rng, keep)
+            out.append(shift_lines(conv, shifts, d.shift))
     return out
 
 
@@ -369,6 +383,9 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
                             "(the actions weigh 1)")
     if not 0 <= cfg.data.rename <= 1:
         raise FlywheelError(f"data.rename = {cfg.data.rename}: must be a share between 0 and 1")
+    if cfg.data.shift < 0 or cfg.data.copies < 1:
+        raise FlywheelError(f"data.shift = {cfg.data.shift}, data.copies = {cfg.data.copies}: the shift must be "
+                            "0 or more and the copies 1 or more")
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     m = cfg.model
@@ -380,7 +397,7 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
                             f"model's {m.layers} layers")
     t0 = time.perf_counter()
     records = collect(cfg)
-    conversations = renamed([messages_of(r) for r in records], records, cfg)
+    conversations = augmented([messages_of(r) for r in records], records, cfg)
     texts = [f"{m['role']}\n{m['content']}" for conv in conversations for m in conv]
     work = out.parent / f".{out.name}.building"
     shutil.rmtree(work, ignore_errors=True)
@@ -389,7 +406,8 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
         engine.tokenizer.save_pretrained(work)
     else:
         build_tiny_model(work, texts, vocab_size=m.vocab_size, hidden=m.hidden, layers=m.layers, heads=m.heads,
-                         max_positions=m.max_positions, seed=cfg.seed, max_token_chars=m.max_token_chars)
+                         max_positions=m.max_positions, seed=cfg.seed, max_token_chars=m.max_token_chars,
+                         split_symbols=m.split_symbols)
         engine = load_torch_model(f"hf:{work}")
         _train_top(engine.model, cfg.train.train_layers)  # an init model's layers were chosen when it loaded
     model, tokenizer = engine.model, engine.tokenizer

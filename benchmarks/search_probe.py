@@ -1,0 +1,92 @@
+"""Does a searching base read its line addresses off the listing? The `sed` tries of its trajectories,
+checked against the module.
+
+A `scripted-search` try is `cp *.py /tmp; sed -i 'Ns/OLD/NEW/' *.py; <tests> && echo fixed || cp /tmp/*.py .`
+(before the copy-back, the undo was a second `sed -i 'Ns/NEW/OLD/'`). A base that reads the `cat -n`
+listing writes an N whose line holds OLD; one that recalls train modules names lines and text that are not
+there, and its try changes nothing. For each trajectories file (`flywheel eval --out DIR` writes
+`DIR/trajectories.jsonl`) this prints the share of tries whose line exists, lies in the function the
+report calls, holds OLD, is one of the teacher's candidates, and whose undo restores the module exactly
+(a copy-back, or the inverse `sed`). No model runs: it reads the records and the tasks' code.
+
+    .venv/bin/python benchmarks/search_probe.py runs/eval-base/medium/trajectories.jsonl ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+_PART = r"((?:[^/\\]|\\.)*)"
+TRY = re.compile(rf"sed -i '(\d+)s/{_PART}/{_PART}/' \S+;.*\|\| (?:(cp /tmp/)|sed -i '(\d+)s/{_PART}/{_PART}/')")
+CHECKS = ("line exists", "in the function", "holds OLD", "a candidate", "undo restores")
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\\(.)", r"\1", text)
+
+
+def tally(records: list[dict], tasks: dict) -> Counter:
+    """Counts of tries (and of first tries) passing each check."""
+    from flywheel.models.scripted import function_lines, repair_candidates, searched_function
+
+    c: Counter = Counter()
+    for r in records:
+        task = tasks[r.get("renamed_from", r["task_id"])]
+        files = sorted(p for p in task.repo.glob("*.py"))
+        if len(files) != 1:
+            continue
+        source = files[0].read_text()
+        lines = source.splitlines()
+        name = searched_function(task.instruction, source)
+        inside = function_lines(name, source) if name else set()
+        # with or without the space before the text replaced (older trajectories lack it)
+        candidates = {(n, old.lstrip(" "), new.lstrip(" ")) for n, old, new in repair_candidates(source, inside)}
+        first = True
+        for turn in r["turns"]:
+            hit = TRY.search(turn["text"]) if turn["role"] == "assistant" else None
+            if hit is None:
+                continue
+            n, old, new = int(hit[1]), _plain(hit[2]), _plain(hit[3])
+            undone = bool(hit[4]) or (int(hit[5]), _plain(hit[6]), _plain(hit[7])) == (n, new, old)
+            passed = {"line exists": 1 <= n <= len(lines), "in the function": n in inside,
+                      "holds OLD": 1 <= n <= len(lines) and bool(old) and old in lines[n - 1],
+                      "a candidate": (n, old.lstrip(" "), new.lstrip(" ")) in candidates, "undo restores": undone}
+            for key in ("tries", *(("first tries",) if first else ())):
+                c[key] += 1
+                for check, ok in passed.items():
+                    c[f"{key}: {check}"] += ok
+            first = False
+    return c
+
+
+def _share(c: Counter, key: str, n: int) -> str:
+    return f"{c[key]}/{n} ({c[key] / n:.0%})" if n else "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trajectories", nargs="+", type=Path, help="trajectories.jsonl files of toybugs runs")
+    ap.add_argument("--suite", default="toybugs")
+    args = ap.parse_args(argv)
+    from flywheel.tasks import load_suite
+
+    tasks = {t.id: t for split in ("train", "heldout") for t in load_suite(args.suite, split=split)}
+    print(f"| trajectories | tries | {' | '.join(CHECKS)} | first try holds OLD |")
+    print("|---|---|" + "---|" * (len(CHECKS) + 1))
+    for path in args.trajectories:
+        if not path.is_file():
+            print(f"{path}: no such file", file=sys.stderr)
+            return 2
+        c = tally([json.loads(line) for line in path.read_text().splitlines() if line.strip()], tasks)
+        print(f"| {path} | {c['tries']} | " + " | ".join(_share(c, f"tries: {k}", c["tries"]) for k in CHECKS)
+              + f" | {_share(c, 'first tries: holds OLD', c['first tries'])} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
