@@ -9,7 +9,14 @@ there, and its try changes nothing. For each trajectories file (`flywheel eval -
 report calls, holds OLD, is one of the teacher's candidates, and whose undo restores the module exactly
 (a copy-back, or the inverse `sed`). No model runs: it reads the records and the tasks' code.
 
+`--bases DIR...` adds the same question under teacher forcing: on the trajectories of `scripted-search`
+itself (`flywheel eval --model scripted-search`), one forward per episode for each base, and the share of
+the teacher's line-number tokens, and of its OLD tokens (given the teacher's line number), that the base
+predicts exactly (greedy). OLD given N is the lookup a search needs; a base that reads only its prior
+scores what the commonest operators give.
+
     .venv/bin/python benchmarks/search_probe.py runs/eval-base/medium/trajectories.jsonl ...
+    .venv/bin/python benchmarks/search_probe.py runs/eval-teacher/trajectories.jsonl --bases runs/base-search
 """
 
 from __future__ import annotations
@@ -64,6 +71,35 @@ def tally(records: list[dict], tasks: dict) -> Counter:
     return c
 
 
+def teacher_forced(base: Path, records: list[dict], limit: int) -> Counter:
+    """Tokens of the teacher's line numbers and OLD texts, and of those the base predicts (greedy)."""
+    import torch
+
+    from flywheel.models.torch_engine import load_torch_model
+    from flywheel.rl.sft import _render, messages_of
+
+    engine = load_torch_model(f"hf:{base}", max_context=2048)
+    c: Counter = Counter()
+    for r in records[:limit]:
+        text, learned, _ = _render(messages_of(r))
+        enc = engine.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = enc["input_ids"][:2048], enc["offset_mapping"][:2048]
+        with torch.no_grad():
+            pred = engine.model(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
+        for a, b in learned:
+            hit = TRY.search(text, a, b)
+            if hit is None:
+                continue
+            c["tries"] += 1
+            for group, key in ((1, "N"), (2, "OLD")):
+                s, e = hit.span(group)
+                right = [pred[i - 1] == ids[i] for i in range(1, len(ids)) if s <= offsets[i][0] < e]
+                c[f"{key} tokens"] += len(right)
+                c[f"{key} right"] += sum(right)
+                c[f"{key} whole"] += all(right)
+    return c
+
+
 def _share(c: Counter, key: str, n: int) -> str:
     return f"{c[key]}/{n} ({c[key] / n:.0%})" if n else "-"
 
@@ -72,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trajectories", nargs="+", type=Path, help="trajectories.jsonl files of toybugs runs")
     ap.add_argument("--suite", default="toybugs")
+    ap.add_argument("--bases", nargs="*", type=Path, default=[], help="HF model dirs to probe under teacher forcing")
+    ap.add_argument("--episodes", type=int, default=80, help="episodes of each file the bases are probed on")
     args = ap.parse_args(argv)
     from flywheel.tasks import load_suite
 
@@ -85,6 +123,14 @@ def main(argv: list[str] | None = None) -> int:
         c = tally([json.loads(line) for line in path.read_text().splitlines() if line.strip()], tasks)
         print(f"| {path} | {c['tries']} | " + " | ".join(_share(c, f"tries: {k}", c["tries"]) for k in CHECKS)
               + f" | {_share(c, 'first tries: holds OLD', c['first tries'])} |")
+    if args.bases:
+        print("\n| base | trajectories | tries | N tokens right | OLD tokens right | OLD whole right |\n|---|---|---|---|---|---|")
+    for base in args.bases:
+        for path in args.trajectories:
+            records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            c = teacher_forced(base, records, args.episodes)
+            print(f"| {base} | {path} | {c['tries']} | {_share(c, 'N right', c['N tokens'])} | "
+                  f"{_share(c, 'OLD right', c['OLD tokens'])} | {_share(c, 'OLD whole', c['tries'])} |")
     return 0
 
 
