@@ -4,7 +4,8 @@ The lookup a `scripted-search` try needs, alone: a window of a `cat -n` listing 
 (lines moved by up to 12 blank lines), then `sed -i 'N s/`, and the model must write the operator that
 line N holds (` +=`, ` <`, ` and`, ...; the first on the line). Train modules teach it, held-out modules
 measure it: the share of held-out queries whose operator the model writes exactly (greedy), against
-always writing the commonest operator. One run per `--from` (a base to start from, or `new` for a fresh
+always writing the commonest operator, and against writing the commonest of the operators that start a
+line of the window (what a model that knows which operators are there, but not where, can reach). One run per `--from` (a base to start from, or `new` for a fresh
 model of the base's shape and tokenizer), side by side at the same steps.
 
     .venv/bin/python benchmarks/lookup_probe.py --tokenizer runs/base-shift --from new runs/base-shift --steps 1500
@@ -21,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 OPS = (" +=", " -=", " <=", " >=", " ==", " !=", " <", " >", " +", " -", " and", " or", " not", " in", " //", " *")
-_FIRST = re.compile("|".join(re.escape(o) + r"(?=[ (\w])" for o in OPS))
+_FIRST = re.compile("|".join(re.escape(o) + (" " if o[-1].isalpha() else r"(?=[ (\w])") for o in OPS))
 
 
 def examples(modules: list[str], n: int, rng: random.Random, window: int) -> list[tuple[str, str]]:
@@ -42,8 +43,14 @@ def examples(modules: list[str], n: int, rng: random.Random, window: int) -> lis
             continue
         i = rng.choice(asked)
         listing = "".join(f"{j + 1:6d}\t{lines[j]}\n" for j in shown)
-        out.append((f"exit code 0\n{listing}<shell>sed -i '{i + 1}s/", _FIRST.search(lines[i]).group(0)))
+        out.append((f"exit code 0\n{listing}<shell>sed -i '{i + 1}s/", _FIRST.search(lines[i]).group(0).rstrip(" ")))
     return out
+
+
+def _starting(prompt: str) -> set[str]:
+    """The operators that come first on some line of the prompt's listing."""
+    rows = (row.split("\t", 1)[-1] for row in prompt.split("<shell>")[0].splitlines())
+    return {hit.group(0).rstrip(" ") for hit in map(_FIRST.search, rows) if hit}
 
 
 def encode(tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[list[int], int]]:
@@ -123,8 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     train = encode(tokenizer, examples(train_mods, 20000, random.Random(1), args.window))
     test_pairs = examples(list(HELDOUT_MODULES), 200, random.Random(2), args.window)
     test = encode(tokenizer, test_pairs)
-    common = Counter(op for _, op in examples(train_mods, 2000, random.Random(3), args.window)).most_common(1)[0][0]
-    print(f"held-out queries: {len(test)}; always `{common}`: {sum(op == common for _, op in test_pairs) / len(test):.1%}")
+    freq = Counter(op for _, op in examples(train_mods, 5000, random.Random(3), args.window))
+    common = freq.most_common(1)[0][0]
+    present = sum(op == max(_starting(prompt), key=freq.__getitem__) for prompt, op in test_pairs) / len(test)
+    print(f"held-out queries: {len(test)}; always `{common}`: {sum(op == common for _, op in test_pairs) / len(test):.1%}; "
+          f"the commonest operator that starts some line of the window (no lookup): {present:.1%}")
     curves = {}
     for start in args.starts:
         if start == "new":
