@@ -58,3 +58,18 @@ def test_a_shell_command_that_writes_a_file_is_an_edit_and_test_caches_are_not(c
     assert not shell("mkdir -p __pycache__ .pytest_cache && touch __pycache__/a.pyc .pytest_cache/x").edited
     r = shell("sed -i 's/x > 1/x >= 1/' a.py")
     assert r.edited and (tmp_path / "a.py").read_text() == SOURCE.replace("x > 1", "x >= 1")
+
+
+def test_a_call_no_file_system_can_take_is_refused_not_raised(clamp_task, tmp_path):
+    from flywheel.sandbox import get_sandbox
+
+    (tmp_path / "a.py").write_text(SOURCE)
+    tools = Tools(clamp_task, tmp_path, sandbox=get_sandbox())
+    for action in (Action("view", {"path": "a\0.py"}), Action("shell", {"command": "cat a.py\0"}),
+                   Action("edit", {"path": "a.py", "old": "x\0", "new": ""})):
+        r = tools.execute(action)
+        assert not r.ok and r.text == f"error: the {action.name} call holds a NUL byte"
+    for action in (Action("view", {"path": "x" * 300 + ".py"}), Action("edit", {"path": "d/" + "x" * 300, "old": "", "new": "1"})):
+        r = tools.execute(action)
+        assert not r.ok and r.text.endswith("is longer than 255 bytes"), r.text
+    assert (tmp_path / "a.py").read_text() == SOURCE and not (tmp_path / "d").exists()

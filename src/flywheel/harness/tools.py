@@ -36,8 +36,17 @@ class Tools:
         self.limits = Limits(timeout_s=command_timeout_s, output_bytes=OBSERVATION_BYTES)
 
     def execute(self, action: Action) -> ToolResult:
+        """Run one action. A call no file system or process can take (a NUL byte in an argument, a path
+        name too long) is refused with an error observation, as a bad path is: models write such things."""
         handler = getattr(self, f"_{action.name}")
-        return handler(**action.args)
+        if any(isinstance(v, str) and "\0" in v for v in action.args.values()):
+            return ToolResult(f"error: the {action.name} call holds a NUL byte", ok=False)
+        if action.name not in ("view", "edit"):
+            return handler(**action.args)
+        try:
+            return handler(**action.args)
+        except OSError as e:  # ENAMETOOLONG and kin, from the path the model wrote
+            return ToolResult(f"error: {e.strerror or e}: {action.args.get('path')!r}"[:300], ok=False)
 
     # -- tools ----------------------------------------------------------------------------------------
 
@@ -112,6 +121,8 @@ class Tools:
 
     def _resolve(self, path: str) -> Path | ToolResult:
         p = Path(path)
+        if any(len(part.encode()) > 255 for part in p.parts):
+            return ToolResult(f"error: a name in {path[:80]!r}... is longer than 255 bytes", ok=False)
         if p.is_absolute():
             p = Path(*p.parts[2:]) if p.parts[:2] == ("/", "workspace") else p
         target = (self.workspace / p).resolve()
