@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--from", dest="starts", nargs="+", required=True, help="`new`, or base directories")
     ap.add_argument("--tokenizer", type=Path, required=True, help="a base whose tokenizer and shape `new` uses")
+    ap.add_argument("--shape", default="", help="HIDDEN,LAYERS of `new` (default: the tokenizer base's)")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -138,7 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     curves = {}
     for start in args.starts:
         if start == "new":
-            model = LlamaForCausalLM(AutoConfig.from_pretrained(args.tokenizer))
+            config = AutoConfig.from_pretrained(args.tokenizer)
+            if args.shape:
+                hidden, layers = map(int, args.shape.split(","))
+                config.hidden_size, config.num_hidden_layers = hidden, layers
+                config.intermediate_size = -(-8 * hidden // 3 // 32) * 32  # as flywheel.models.tiny shapes it
+                config.head_dim = hidden // config.num_attention_heads
+            model = LlamaForCausalLM(config)
+            print(f"new: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", file=sys.stderr)
         else:
             model = LlamaForCausalLM.from_pretrained(start)
         model.train()
