@@ -107,11 +107,21 @@ def drill(model, train, test, steps: int, batch: int, lr: float, every: int, lab
     return curve
 
 
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        hidden, layers = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want HIDDEN,LAYERS, e.g. 256,4") from None
+    if hidden <= 0 or layers <= 0 or hidden % 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: HIDDEN a positive multiple of the 4 heads, LAYERS positive")
+    return hidden, layers
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--from", dest="starts", nargs="+", required=True, help="`new`, or base directories")
     ap.add_argument("--tokenizer", type=Path, required=True, help="a base whose tokenizer and shape `new` uses")
-    ap.add_argument("--shape", default="", help="HIDDEN,LAYERS of `new` (default: the tokenizer base's)")
+    ap.add_argument("--shape", type=_shape, default=None, help="HIDDEN,LAYERS of `new` (default: the tokenizer base's)")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -119,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=250, help="measure every N steps")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
+    for path in [args.tokenizer, *(Path(s) for s in args.starts if s != "new")]:
+        if not (path / "config.json").is_file():
+            ap.error(f"{path}: not a model directory (no config.json)")
     import torch
     from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
 
@@ -141,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         if start == "new":
             config = AutoConfig.from_pretrained(args.tokenizer)
             if args.shape:
-                hidden, layers = map(int, args.shape.split(","))
+                hidden, layers = args.shape
                 config.hidden_size, config.num_hidden_layers = hidden, layers
                 config.intermediate_size = -(-8 * hidden // 3 // 32) * 32  # as flywheel.models.tiny shapes it
                 config.head_dim = hidden // config.num_attention_heads

@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bases", nargs="*", type=Path, default=[], help="HF model dirs to probe under teacher forcing")
     ap.add_argument("--episodes", type=int, default=80, help="episodes of each file the bases are probed on")
     args = ap.parse_args(argv)
+    for base in args.bases:
+        if not (base / "config.json").is_file():
+            ap.error(f"{base}: not a model directory (no config.json)")
     from flywheel.tasks import load_suite
 
     tasks = {t.id: t for split in ("train", "heldout") for t in load_suite(args.suite, split=split)}
