@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bases", nargs="*", type=Path, default=[], help="HF model dirs to probe under teacher forcing")
     ap.add_argument("--episodes", type=int, default=80, help="episodes of each file the bases are probed on")
     args = ap.parse_args(argv)
+    for path in args.trajectories:
+        if not path.is_file():
+            ap.error(f"{path}: no such file")
     for base in args.bases:
         if not (base / "config.json").is_file():
             ap.error(f"{base}: not a model directory (no config.json)")
@@ -120,9 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| trajectories | tries | {' | '.join(CHECKS)} | first try holds OLD |")
     print("|---|---|" + "---|" * (len(CHECKS) + 1))
     for path in args.trajectories:
-        if not path.is_file():
-            print(f"{path}: no such file", file=sys.stderr)
-            return 2
         c = tally([json.loads(line) for line in path.read_text().splitlines() if line.strip()], tasks)
         print(f"| {path} | {c['tries']} | " + " | ".join(_share(c, f"tries: {k}", c["tries"]) for k in CHECKS)
               + f" | {_share(c, 'first tries: holds OLD', c['first tries'])} |")
