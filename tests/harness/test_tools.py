@@ -72,4 +72,7 @@ def test_a_call_no_file_system_can_take_is_refused_not_raised(clamp_task, tmp_pa
     for action in (Action("view", {"path": "x" * 300 + ".py"}), Action("edit", {"path": "d/" + "x" * 300, "old": "", "new": "1"})):
         r = tools.execute(action)
         assert not r.ok and r.text.endswith("is longer than 255 bytes"), r.text
+    for action in (Action("view", {"path": "a.py/b.py"}), Action("edit", {"path": "a.py/b.py", "old": "", "new": "1"})):
+        r = tools.execute(action)  # a file taken for a directory
+        assert not r.ok and r.text.startswith("error: "), r.text
     assert (tmp_path / "a.py").read_text() == SOURCE and not (tmp_path / "d").exists()

@@ -37,15 +37,15 @@ class Tools:
 
     def execute(self, action: Action) -> ToolResult:
         """Run one action. A call no file system or process can take (a NUL byte in an argument, a path
-        name too long) is refused with an error observation, as a bad path is: models write such things."""
+        through a file) is refused with an error observation, as a bad path is: models write such things."""
         handler = getattr(self, f"_{action.name}")
         if any(isinstance(v, str) and "\0" in v for v in action.args.values()):
             return ToolResult(f"error: the {action.name} call holds a NUL byte", ok=False)
-        if action.name not in ("view", "edit"):
-            return handler(**action.args)
         try:
             return handler(**action.args)
-        except OSError as e:  # ENAMETOOLONG and kin, from the path the model wrote
+        except OSError as e:  # a path the model wrote that the file system refuses (a file as a directory)
+            if action.name not in ("view", "edit"):
+                raise  # the sandbox's own failure: not the model's doing, never hidden
             return ToolResult(f"error: {e.strerror or e}: {action.args.get('path')!r}"[:300], ok=False)
 
     # -- tools ----------------------------------------------------------------------------------------
