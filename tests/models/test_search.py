@@ -1,4 +1,4 @@
-"""`scripted-search`: one-line repairs found by search, applied with real `sed` in a real shell."""
+"""`scripted-search` and `scripted-sweep`: one-line repairs found by search, applied with real `sed` in a real shell."""
 
 from __future__ import annotations
 
@@ -9,10 +9,15 @@ import pytest
 from flywheel.harness import EpisodeSpec, get_effort, run_episodes
 from flywheel.models.scripted import (
     SEARCH_TRIES,
+    SWEEP_LOOKS,
+    SWEEP_PAIRS,
+    SWEEP_TRIES,
     ScriptedModel,
     function_lines,
     repair_candidates,
     searched_function,
+    sweep_command,
+    sweep_plan,
     try_command,
 )
 from flywheel.sandbox import get_sandbox
@@ -107,3 +112,52 @@ def test_searcher_gives_up_after_its_quota_when_no_repair_is_the_fix(tmp_path):
     tools = [t["name"] for t in rec["turns"] if t["role"] == "tool"]
     assert SEARCH_TRIES["medium"] == 4  # and `middle` has four candidates: all are tried
     assert not rec["success"] and tools == ["shell"] * (1 + 4) + ["submit"]
+
+
+# ----------------------------------------------------------------------------------- scripted-sweep
+
+
+@pytest.mark.parametrize(("old", "new", "fixes"), [(" + ", " - ", True), (" // ", " * ", False), (" is ", " is not ", False)])
+def test_sweep_command_keeps_the_first_passing_repair_and_restores_the_module_otherwise(tmp_path, old, new, fixes):
+    (tmp_path / "mathx.py").write_text(BUGGY)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_mathx.py").write_text(TESTS)
+    command = sweep_command(old, new, "python -m pytest -q tests")
+    r = get_sandbox().run(tmp_path, ["bash", "-c", command])  # real grep, sed and pytest, its own /tmp
+    assert r.exit_code == 0 and r.output == ("fixed\n" if fixes else "")
+    assert (tmp_path / "mathx.py").read_text() == (GOOD if fixes else BUGGY)  # `//` is swept, no test passes
+
+
+def test_sweep_command_is_one_text_for_every_task_of_a_test_command():
+    commands = {sweep_command(o, n, "python -m pytest -q tests") for o, n in SWEEP_PAIRS}
+    assert len(commands) == len(SWEEP_PAIRS)  # one per inverse operator, no line and no name in any
+    assert all("mathx" not in c and "clamp" not in c for c in commands)
+
+
+def test_sweeper_needs_no_oracle_and_sweeps_its_quota_per_effort(tmp_path):
+    task, other = tmp_path / "clamp", tmp_path / "other"
+    for d in (task, other):
+        write_clamp_task(d, "`span(2, 5)` returns 7 but it should return 3.")
+    (other / "solution.patch").write_text(make_patch({"mathx.py": BUGGY}, {"mathx.py": BUGGY + "\n"}))
+    for effort, tries in SWEEP_TRIES.items():
+        for seed in range(5):
+            plan = sweep_plan(str(task), effort, seed)
+            assert plan == sweep_plan(str(other), effort, seed)  # the reference fix plays no part
+            sweeps = [a for a in plan if "grep -nF" in a.args.get("command", "")]
+            assert len(sweeps) == tries == len({a.args["command"] for a in sweeps}) and plan[-1].name == "submit"
+            assert plan[: len(plan) - tries - 1] == [a for a in SWEEP_LOOKS if a in plan[: len(plan) - tries - 1]]
+
+
+def test_sweeper_submits_after_the_sweep_that_fixes_it_through_the_real_harness(tmp_path):
+    task = write_clamp_task(tmp_path / "clamp", "`span(2, 5)` returns 7 but it should return 3.")
+    recs = run_episodes([EpisodeSpec(task, get_effort("max"), seed=s) for s in range(4)],
+                        ScriptedModel(sweep=True), concurrency=2)
+    fix = sweep_command(" + ", " - ", "python -m pytest -q tests")  # 16 of the 23 sweeps: not always among them
+    for rec in recs:
+        calls = [t for t in rec["turns"] if t["role"] == "assistant"]
+        tools = [t for t in rec["turns"] if t["role"] == "tool"]
+        swept = any(fix in t["text"] for t in calls)
+        assert rec["success"] == swept and rec["ending"] == "submitted" and rec["model"] == "scripted-sweep"
+        assert tools[-1]["name"] == "submit" and (tools[-2]["text"] == "exit code 0\nfixed") == swept
+        assert "fixed" not in "".join(t["text"] for t in tools[:-2])  # every other sweep restored the module
+    assert any(r["success"] for r in recs)

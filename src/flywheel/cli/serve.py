@@ -11,7 +11,7 @@ from flywheel.errors import FlywheelError
 
 def serve(
     model: str = typer.Option(
-        ..., "--model", help="scripted, scripted-noisy, scripted-search, hf:PATH, smollm2-135m or openai:NAME."
+        ..., "--model", help="scripted, scripted-noisy, scripted-search, scripted-sweep, hf:PATH, smollm2-135m or openai:NAME."
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),

@@ -170,7 +170,7 @@ def synth(
 def curate(
     suite: str = SUITE,
     model: str = typer.Option(
-        ..., "--model", help="scripted, scripted-noisy, scripted-search, hf:PATH, smollm2-135m or openai:NAME."
+        ..., "--model", help="scripted, scripted-noisy, scripted-search, scripted-sweep, hf:PATH, smollm2-135m or openai:NAME."
     ),
     out: Path = typer.Option(
         ..., "--out", help="Directory for report.json, pass_rates.png, trajectories and tasks/."

