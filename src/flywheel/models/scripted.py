@@ -268,14 +268,13 @@ SWEEP_LOOKS = (Action("shell", {"command": SEARCH_SHOW}), Action("run_tests"))  
 
 
 def sweep_command(old: str, new: str, test_command: str) -> str:
-    """One shell command that tries `old` -> `new` on each line of the module that holds `old`, first
-    occurrence on the line, in line order; it stops at the first try that makes the tests pass (printing
-    `fixed`) and copies the module back after every other. The text names no line and no identifier, so
-    it is the same for every task: what to sweep for is the only choice."""
-    sed = _sed("${n}", old, new)
-    return (f"for n in $(grep -nF '{old}' {SEARCH_FILES} | cut -d: -f1); do cp {SEARCH_FILES} /tmp; "
-            f"sed -i \"{sed}\" {SEARCH_FILES}; timeout {SEARCH_TIMEOUT_S} {test_command} "
-            f"> /dev/null && echo fixed && exit; cp /tmp/{SEARCH_FILES} .; done")
+    """One shell command that tries `old` -> `new` on each line of the module in turn (its first
+    occurrence on the line); a line where it changes nothing is skipped, the first change that makes the
+    tests pass is kept (printing `fixed`) and every other is undone. The text names no line and no
+    identifier, and the pair is written once, so what to sweep for is the only choice in it."""
+    return (f"for n in $(seq $(wc -l < {SEARCH_FILES})); do cp {SEARCH_FILES} /tmp; "
+            f"sed -i \"{_sed('${n}', old, new)}\" {SEARCH_FILES}; cmp -s {SEARCH_FILES} /tmp/{SEARCH_FILES} || "
+            f"{{ timeout {SEARCH_TIMEOUT_S} {test_command} > /dev/null && echo fixed && exit; cp /tmp/{SEARCH_FILES} .; }}; done")
 
 
 @lru_cache(maxsize=4096)
