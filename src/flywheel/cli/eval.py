@@ -7,10 +7,12 @@ from pathlib import Path
 
 import typer
 
+from flywheel.models import SPECS
+
 
 def eval_(
     suite: str = typer.Option(..., "--suite", help="A built-in suite (toybugs, humaneval) or a task directory."),
-    model: str = typer.Option(..., "--model", help="scripted, scripted-noisy, scripted-search, scripted-sweep, hf:PATH, smollm2-135m or openai:NAME."),
+    model: str = typer.Option(..., "--model", help=f"{SPECS}."),
     out: Path = typer.Option(..., "--out", help="Run directory: trajectories.jsonl and summary.json go here."),
     split: str = typer.Option(None, "--split", help="Only tasks of this split (toybugs: train, heldout)."),
     effort: str = typer.Option("medium", "--effort", help="Effort level: medium, high or max."),

@@ -7,11 +7,12 @@ import signal
 import typer
 
 from flywheel.errors import FlywheelError
+from flywheel.models import SPECS
 
 
 def serve(
     model: str = typer.Option(
-        ..., "--model", help="scripted, scripted-noisy, scripted-search, scripted-sweep, hf:PATH, smollm2-135m or openai:NAME."
+        ..., "--model", help=f"{SPECS}."
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from flywheel.errors import FlywheelError
+from flywheel.models import SPECS
 
 app = typer.Typer(help="List, build, validate, synthesise and curate task suites.", no_args_is_help=True)
 
@@ -170,7 +171,7 @@ def synth(
 def curate(
     suite: str = SUITE,
     model: str = typer.Option(
-        ..., "--model", help="scripted, scripted-noisy, scripted-search, scripted-sweep, hf:PATH, smollm2-135m or openai:NAME."
+        ..., "--model", help=f"{SPECS}."
     ),
     out: Path = typer.Option(
         ..., "--out", help="Directory for report.json, pass_rates.png, trajectories and tasks/."

@@ -17,10 +17,13 @@ from typing import Any
 from flywheel.errors import FlywheelError
 from flywheel.protocols import Model
 
+SCRIPTED = ("scripted", "scripted-noisy", "scripted-search", "scripted-sweep")
+SPECS = f"{', '.join(SCRIPTED)}, hf:PATH, smollm2-135m or openai:NAME"  # for help texts and errors
+
 
 def get_model(spec: str, **opts: Any) -> Model:
     """The model backend named by `spec`; `opts` go to the backend (e.g. base_url, seed, context)."""
-    if spec in ("scripted", "scripted-noisy", "scripted-search", "scripted-sweep"):
+    if spec in SCRIPTED:
         from flywheel.models.scripted import ScriptedModel
 
         return ScriptedModel(noisy=spec == "scripted-noisy", search=spec == "scripted-search",
@@ -35,6 +38,4 @@ def get_model(spec: str, **opts: Any) -> Model:
         from flywheel.models.openai_backend import load_openai_model
 
         return load_openai_model(spec, **opts)
-    raise FlywheelError(
-        f"unknown model '{spec}' (use scripted, scripted-noisy, scripted-search, scripted-sweep, hf:PATH, smollm2-135m or openai:NAME)"
-    )
+    raise FlywheelError(f"unknown model '{spec}' (use {SPECS})")
