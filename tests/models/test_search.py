@@ -128,6 +128,18 @@ def test_sweep_command_keeps_the_first_passing_repair_and_restores_the_module_ot
     assert (tmp_path / "mathx.py").read_text() == (GOOD if fixes else BUGGY)  # `//` is swept, no test passes
 
 
+@pytest.mark.parametrize(("source", "call", "old", "new"), [
+    ("def f(x):\n    return x * 2\n", "f(4) == 2", " * ", " / "),
+    ("def f(s):\n    return s[len(s) - 1 + 1]\n", "f('abc') == 'c'", " + 1]", "]"),
+])
+def test_sweep_command_escapes_what_grep_and_sed_would_read_as_regex(tmp_path, source, call, old, new):
+    (tmp_path / "m.py").write_text("\n\n" + source)  # unescaped, ` * ` would match the indent first
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_m.py").write_text(f"from m import f\n\n\ndef test_f():\n    assert {call}\n")
+    r = get_sandbox().run(tmp_path, ["bash", "-c", sweep_command(old, new, "python -m pytest -q tests")])
+    assert r.output == "fixed\n" and (tmp_path / "m.py").read_text() == "\n\n" + source.replace(old, new)
+
+
 def test_sweep_command_is_one_text_for_every_task_of_a_test_command():
     commands = {sweep_command(o, n, "python -m pytest -q tests") for o, n in SWEEP_PAIRS}
     assert len(commands) == len(SWEEP_PAIRS)  # one per inverse operator, no line and no name in any
@@ -143,7 +155,7 @@ def test_sweeper_needs_no_oracle_and_sweeps_its_quota_per_effort(tmp_path):
         for seed in range(5):
             plan = sweep_plan(str(task), effort, seed)
             assert plan == sweep_plan(str(other), effort, seed)  # the reference fix plays no part
-            sweeps = [a for a in plan if "cmp -s" in a.args.get("command", "")]
+            sweeps = [a for a in plan if "grep -n" in a.args.get("command", "")]
             assert len(sweeps) == tries == len({a.args["command"] for a in sweeps}) and plan[-1].name == "submit"
             assert plan[: len(plan) - tries - 1] == [a for a in SWEEP_LOOKS if a in plan[: len(plan) - tries - 1]]
 
