@@ -94,6 +94,7 @@ def main() -> None:
     ap.add_argument("--eval-tasks", type=int, default=40)
     ap.add_argument("--no-calibrate", action="store_true")
     ap.add_argument("--cal-tasks", type=int, default=12, help="calibration tasks (train split)")
+    ap.add_argument("--cal-samples", type=int, default=1, help="attempts per calibration task and rung")
     ap.add_argument("--base-eval", help="results.json of an earlier run: reuse its base evaluation")
     ap.add_argument("--variant", action="append", default=[], help="KEY=VALUE config override (repeatable)")
     args = ap.parse_args()
@@ -116,7 +117,7 @@ def main() -> None:
         if calibration.is_file():  # a rerun into the same --out resumes: calibration, base evaluation, training
             cal = json.loads(calibration.read_text())
         else:
-            cal = run_calibration(cfg, out / "calibration", limit=args.cal_tasks, samples=1)
+            cal = run_calibration(cfg, out / "calibration", limit=args.cal_tasks, samples=args.cal_samples)
         cfg.reward.calibration = str(calibration)
         print("lambdas:", cal["lambdas"], flush=True)
     heldout = load_tasks(cfg, split=cfg.tasks.eval_split, limit=0)
