@@ -155,7 +155,7 @@ def test_sweeper_needs_no_oracle_and_sweeps_its_quota_per_effort(tmp_path):
         for seed in range(5):
             plan = sweep_plan(str(task), effort, seed)
             assert plan == sweep_plan(str(other), effort, seed)  # the reference fix plays no part
-            sweeps = [a for a in plan if "grep -n" in a.args.get("command", "")]
+            sweeps = [a for a in plan if "T;=" in a.args.get("command", "")]
             assert len(sweeps) == tries == len({a.args["command"] for a in sweeps}) and plan[-1].name == "submit"
             assert plan[: len(plan) - tries - 1] == [a for a in SWEEP_LOOKS if a in plan[: len(plan) - tries - 1]]
 

@@ -270,15 +270,12 @@ SWEEP_LOOKS = (Action("shell", {"command": SEARCH_SHOW}), Action("run_tests"))  
 def sweep_command(old: str, new: str, test_command: str) -> str:
     """One shell command that tries `old` -> `new` on each line of the module where `old` occurs (its first
     occurrence on the line), one line at a time: the first change that makes the tests pass is kept
-    (printing `fixed`) and every other is undone. The pair is written once, side by side at the start, and
-    the rest names no line and no identifier, so what to sweep for is the only choice in it. `old` is a
-    basic regular expression for both grep and sed (`\\ . * [` escaped); `|` delimits sed's pattern."""
-    if "'" in old + new or "|" in old + new:
-        raise ValueError(f"a sweep pair cannot hold ' or |: {old!r} -> {new!r}")
-    pattern, replacement = re.sub(r"([\\.*\[])", r"\\\1", old), re.sub(r"([\\&])", r"\\\1", new)
-    return (f"o='{pattern}'; r='{replacement}'; for n in $(grep -n \"$o\" {SEARCH_FILES} | cut -d: -f1); do "
-            f"cp {SEARCH_FILES} /tmp; sed -i \"${{n}}s|$o|$r|\" {SEARCH_FILES}; "
-            f"timeout {SEARCH_TIMEOUT_S} {test_command} > /dev/null && echo fixed && exit; cp /tmp/{SEARCH_FILES} .; done")
+    (printing `fixed`) and every other is undone. The pair is written once, as one sed substitution; `sed
+    -n "$e;T;="` lists the lines it would change (`T` skips the rest when nothing was substituted). The
+    text names no line and no identifier, so what to sweep for is the only choice in it."""
+    return (f"e='{_sed('', old, new)}'; for n in $(sed -n \"$e;T;=\" {SEARCH_FILES}); do cp {SEARCH_FILES} /tmp; "
+            f"sed -i \"$n$e\" {SEARCH_FILES}; timeout {SEARCH_TIMEOUT_S} {test_command} > /dev/null && echo fixed "
+            f"&& exit; cp /tmp/{SEARCH_FILES} .; done")
 
 
 @lru_cache(maxsize=4096)
