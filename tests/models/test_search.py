@@ -132,12 +132,12 @@ def test_sweep_command_keeps_the_first_passing_repair_and_restores_the_module_ot
     ("def f(x):\n    return x * 2\n", "f(4) == 2", " * ", " / "),
     ("def f(s):\n    return s[len(s) - 1 + 1]\n", "f('abc') == 'c'", " + 1]", "]"),
 ])
-def test_sweep_command_escapes_what_grep_and_sed_would_read_as_regex(tmp_path, source, call, old, new):
-    (tmp_path / "m.py").write_text("\n\n" + source)  # unescaped, ` * ` would match the indent first
+def test_sweep_command_escapes_what_sed_would_read_as_regex(tmp_path, source, call, old, new):
+    (tmp_path / "m.py").write_text(source)  # unescaped, ` * ` would match the indent first
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_m.py").write_text(f"from m import f\n\n\ndef test_f():\n    assert {call}\n")
     r = get_sandbox().run(tmp_path, ["bash", "-c", sweep_command(old, new, "python -m pytest -q tests")])
-    assert r.output == "fixed\n" and (tmp_path / "m.py").read_text() == "\n\n" + source.replace(old, new)
+    assert r.output == "fixed\n" and (tmp_path / "m.py").read_text() == source.replace(old, new)
 
 
 def test_sweep_command_is_one_text_for_every_task_of_a_test_command():

@@ -170,9 +170,7 @@ def synth(
 @app.command("curate")
 def curate(
     suite: str = SUITE,
-    model: str = typer.Option(
-        ..., "--model", help=f"{SPECS}."
-    ),
+    model: str = typer.Option(..., "--model", help=f"{SPECS}."),
     out: Path = typer.Option(
         ..., "--out", help="Directory for report.json, pass_rates.png, trajectories and tasks/."
     ),
