@@ -52,6 +52,20 @@ def test_noisy_oracle_varies_but_still_solves(clamp_task):
     assert len({r["n_turns"] for r in recs}) > 1
 
 
+def test_variants_of_an_episode_have_their_own_ids_and_draw_the_same_random_numbers(clamp_task):
+    model = FakeModel(text("<shell>ls</shell>"))
+    specs = [EpisodeSpec(clamp_task, get_effort("medium", max_turns=n), variant=f"x{n}") for n in (2, 4)]
+    specs.append(EpisodeSpec(clamp_task, get_effort("medium", max_turns=2), index=1))
+    recs = run_episodes(specs, model, cfg=HarnessConfig(), concurrency=3)
+    assert len({r["id"] for r in recs}) == 3 and recs[0]["id"].endswith("/x2")
+    seeds = {}
+    for request in model.requests:
+        seeds.setdefault(request.meta["episode"], []).append(request.seed)
+    short, long, other = (seeds[s.id] for s in specs)
+    assert len(short) == 2 and long[:2] == short and len(set(long)) == 4
+    assert other[0] != short[0]
+
+
 def test_cost_is_priced_from_usage_and_compute_time(clamp_task):
     price = Pricing(prompt_per_m=1e6, completion_per_m=2e6, per_second=0.0)
     rec = run(clamp_task, FakeModel(text("<submit/>", tokens=7)), cfg=HarnessConfig(pricing=price))

@@ -77,10 +77,16 @@ class EpisodeSpec:
     effort: Effort
     seed: int = 0
     index: int = 0  # sample number within its (task, effort) group
+    variant: str = ""  # tells apart episodes that share everything else, e.g. the budgets of a ladder
+
+    @property
+    def stream(self) -> str:
+        """What seeds the sampler: the id without the variant, so variants draw the same random numbers."""
+        return f"{self.task.id}/{self.effort.name}/s{self.seed}/{self.index}"
 
     @property
     def id(self) -> str:
-        return f"{self.task.id}/{self.effort.name}/s{self.seed}/{self.index}"
+        return f"{self.stream}/{self.variant}" if self.variant else self.stream
 
 
 @dataclass
@@ -135,7 +141,7 @@ def make_request(ep: Episode, cfg: HarnessConfig) -> Request:
         top_p=cfg.top_p,
         stop=[] if native else list(STOP),
         tools=TOOLS if native else None,
-        seed=stable_seed(ep.spec.id, ep.n_turns),
+        seed=stable_seed(ep.spec.stream, ep.n_turns),
         meta={"task_dir": str(ep.spec.task.root), "episode": ep.spec.id, "turn": ep.n_turns},
     )
 

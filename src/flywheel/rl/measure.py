@@ -31,7 +31,10 @@ def measure_ladder(engine, tasks: Sequence[Any], cfg: RunConfig, factors: Sequen
     """effort -> [(factor, mean cost, success rate)] for each rung of the ladder.
 
     Every rung of every level runs in one rollout, so the engine batches up to `rollout.concurrency`
-    episodes even when each rung has only a few tasks; rung k's samples are indices k·samples and on.
+    episodes even when each rung has only a few tasks. The rungs share their random numbers (common random
+    numbers): sample i of a task draws the same stream at every budget, so a bigger budget replays the
+    smaller one's attempt and carries it on where the smaller one was cut. What differs between rungs is
+    then what the budget changes, not the luck of the draw, and success rises with the budget per attempt.
     """
     from flywheel.rl.rollout import efforts_for, make_specs, reward_cost, rollout
     from flywheel.rl.train import harness_config
@@ -39,10 +42,10 @@ def measure_ladder(engine, tasks: Sequence[Any], cfg: RunConfig, factors: Sequen
     seed = stable_seed(cfg.seed, "calibrate") % 2**31
     rung_of, specs = {}, []
     for base in efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens, cfg.deterministic):
-        for k, f in enumerate(factors):
+        for f in factors:
             level = replace(base, max_turns=max(1, round(base.max_turns * f)), max_tokens=max(1, round(base.max_tokens * f)))
             for spec in make_specs(tasks, [level], samples, seed=seed):
-                spec = replace(spec, index=k * samples + spec.index)
+                spec = replace(spec, variant=f"x{f:g}")
                 rung_of[spec.id] = (base.name, f)
                 specs.append(spec)
     records = rollout(engine, specs, harness_config(cfg, 0), concurrency=cfg.rollout.concurrency, on_record=on_record)
@@ -86,14 +89,21 @@ def evaluate_policy(engine, tasks: Sequence[Any], cfg: RunConfig, out: Path, *, 
                     seed: int = 12345) -> dict[str, dict[str, Any]]:
     """Summaries per effort level of `engine` on `tasks` (trajectories in out/<effort>/)."""
     from flywheel.eval import summarize
+    from flywheel.progress import progress
     from flywheel.rl.rollout import efforts_for, make_specs, reward_cost, rollout
     from flywheel.rl.train import harness_config
 
     out = Path(out)
     result = {}
     for level in efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens, cfg.deterministic):
-        records = rollout(engine, make_specs(tasks, [level], samples, seed=seed), harness_config(cfg, 0),
-                          concurrency=cfg.rollout.concurrency)
+        solved = []
+        with progress(f"evaluate {level.name}", len(tasks) * samples) as advance:
+            def seen(record: dict[str, Any]) -> None:
+                solved.append(float(record["success"]))
+                advance(success=statistics.fmean(solved))
+
+            records = rollout(engine, make_specs(tasks, [level], samples, seed=seed), harness_config(cfg, 0),
+                              concurrency=cfg.rollout.concurrency, on_record=seen)
         (out / level.name).mkdir(parents=True, exist_ok=True)
         with (out / level.name / "trajectories.jsonl").open("w") as f:
             for r in records:
