@@ -17,6 +17,7 @@ import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,11 @@ def run_calibration(cfg: RunConfig, out: Path, *, factors: Sequence[float] = LAD
     return data
 
 
+def _tally(advance, successes: list[float], record: dict[str, Any]) -> None:
+    successes.append(float(record["success"]))
+    advance(success=statistics.fmean(successes))
+
+
 def evaluate_policy(engine, tasks: Sequence[Any], cfg: RunConfig, out: Path, *, samples: int = 1,
                     seed: int = 12345) -> dict[str, dict[str, Any]]:
     """Summaries per effort level of `engine` on `tasks` (trajectories in out/<effort>/)."""
@@ -96,14 +102,9 @@ def evaluate_policy(engine, tasks: Sequence[Any], cfg: RunConfig, out: Path, *, 
     out = Path(out)
     result = {}
     for level in efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens, cfg.deterministic):
-        solved = []
         with progress(f"evaluate {level.name}", len(tasks) * samples) as advance:
-            def seen(record: dict[str, Any]) -> None:
-                solved.append(float(record["success"]))
-                advance(success=statistics.fmean(solved))
-
             records = rollout(engine, make_specs(tasks, [level], samples, seed=seed), harness_config(cfg, 0),
-                              concurrency=cfg.rollout.concurrency, on_record=seen)
+                              concurrency=cfg.rollout.concurrency, on_record=partial(_tally, advance, []))
         (out / level.name).mkdir(parents=True, exist_ok=True)
         with (out / level.name / "trajectories.jsonl").open("w") as f:
             for r in records:
