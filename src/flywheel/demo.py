@@ -43,12 +43,13 @@ def stage(n: int, text: str) -> None:
 
 
 def cached_base(sft_config: Path) -> Path:
-    """The SFT base for `sft_config`, built once into the cache (keyed by the config's bytes)."""
+    """The SFT base for `sft_config`, built once into the cache (keyed by the config's bytes and by the
+    imitation data's format, so that a changed teacher trains a new base)."""
     from flywheel.rl.config import load_config
-    from flywheel.rl.sft import SftConfig, run_sft
+    from flywheel.rl.sft import DATA_FORMAT, SftConfig, run_sft
     from flywheel.tasks import cache_dir
 
-    key = hashlib.sha256(sft_config.read_bytes()).hexdigest()[:12]
+    key = hashlib.sha256(sft_config.read_bytes() + f"\ndata format {DATA_FORMAT}".encode()).hexdigest()[:12]
     path = cache_dir() / "bases" / f"sft-{key}"
     if not (path / "sft_config.json").is_file():
         stage(2, f"training the base policy ({sft_config}) into {path} ...")
