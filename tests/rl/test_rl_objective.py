@@ -11,7 +11,9 @@ from flywheel.rl import (
     advantages,
     advantages_flat,
     group_mean_baseline,
+    length_penalty_on,
     length_weighted_baseline,
+    over_budget,
     reward,
 )
 
@@ -33,6 +35,18 @@ def test_reward_cheat_scores_like_failure_even_when_tests_pass():
 def test_reward_rejects_bad_prices(cost, lam):
     with pytest.raises(ValueError):
         reward(True, False, cost=cost, lam=lam)
+
+
+def test_length_penalty_phases_alternate_success_only_first():
+    assert [length_penalty_on(step, 1) for step in range(1, 6)] == [False, True, False, True, False]
+    assert [length_penalty_on(step, 2) for step in range(1, 8)] == [False, False, True, True, False, False, True]
+    assert all(length_penalty_on(step, 0) for step in range(1, 4))
+
+
+def test_length_penalty_counts_turns_over_the_budget_only():
+    assert over_budget(8, 3, 0.1) == pytest.approx(0.5)
+    assert over_budget(3, 3, 0.1) == 0.0 and over_budget(2, 3, 0.1) == 0.0
+    assert over_budget(20, None, 0.1) == 0.0
 
 
 def test_length_weighted_baseline_worked_example():

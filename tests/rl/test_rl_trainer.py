@@ -42,6 +42,19 @@ def test_score_is_reward_minus_length_weighted_baseline(engine):
     assert s[0]["advantage"] == pytest.approx(s[0]["reward"] - b)
 
 
+def test_the_length_penalty_applies_in_penalised_steps_to_budgeted_efforts(engine):
+    records = records_from(engine, ["a", "b"], [True, False]) + records_from(engine, ["a"], [False], "max")
+    for r, turns in zip(records, (5, 2, 9), strict=True):
+        r["n_turns"] = turns
+    cfg = RunConfig()
+    cfg.reward.length_penalty, cfg.reward.length_budget, cfg.reward.length_phase = 0.1, {"medium": 3}, 1
+    trainer = Trainer(engine.model, engine.tokenizer, cfg, {})
+    free, penalised = trainer.scores(records, 1), trainer.scores(records, 2)
+    assert [s["reward"] for s in free] == [1.0, 0.0, 0.0]
+    assert [s["reward"] for s in penalised] == pytest.approx([0.8, 0.0, 0.0])
+    assert [s["length_penalty"] for s in penalised] == pytest.approx([0.2, 0.0, 0.0])
+
+
 def test_batched_logits_match_one_forward_per_turn(engine):
     records = records_from(engine, ["short", "a much longer prompt than the other one"], [True, False])
     trainer = Trainer(engine.model, engine.tokenizer, RunConfig(), {})

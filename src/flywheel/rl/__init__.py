@@ -1,6 +1,6 @@
 """Reinforcement learning for the flywheel: the objective, the optimizers and λ calibration.
 
-- `objective`: reward ``R = S - λ_e·C``, group baselines (length-weighted by default), advantages,
+- `objective`: reward ``R = S - λ_e·C`` (and the alternating length penalty), group baselines (length-weighted by default), advantages,
   top-p sampling-distribution replay and the truncated-importance-sampling policy loss;
 - `optim`: Muon for hidden matrices + AdamW for embeddings, head, norms and biases, as one optimizer;
 - `calibrate`: each effort level's λ from the base model's cost/success frontier (matplotlib is imported
@@ -16,7 +16,9 @@ from flywheel.rl.objective import (
     group_mean_baseline,
     importance_weights,
     kept_mask,
+    length_penalty_on,
     length_weighted_baseline,
+    over_budget,
     policy_loss,
     replay_entropy,
     replay_log_probs,
@@ -35,8 +37,10 @@ __all__ = [
     "group_mean_baseline",
     "importance_weights",
     "kept_mask",
+    "length_penalty_on",
     "length_weighted_baseline",
     "local_slope",
+    "over_budget",
     "plot_calibration",
     "policy_loss",
     "replay_entropy",

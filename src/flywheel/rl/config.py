@@ -58,6 +58,9 @@ class RewardConfig:
     lambdas: dict[str, float] = field(default_factory=dict)  # λ_e per effort (missing: 0, or calibration)
     calibration: str = ""  # a calibration.json written by `flywheel calibrate`; its λ fill the gaps
     cost_scale: float = 1.0  # C is measured in dollars × cost_scale (calibration uses the same unit)
+    length_penalty: float = 0.0  # reward lost per turn over the effort's length_budget, in penalised phases
+    length_budget: dict[str, int] = field(default_factory=dict)  # turns per effort (missing: never penalised)
+    length_phase: int = 1  # steps per phase: success-only and penalised phases alternate (0: penalise every step)
 
 
 @dataclass

@@ -9,6 +9,11 @@ cost (inference spend and time, in whatever unit λ was calibrated in, see ``fly
 ``λ_e`` the cost price of the rollout's effort level. A cheating attempt scores like a failure of the same
 cost: it is never better than an honest failure, whether or not the tests passed.
 
+An alternating length penalty (SWE-1.7's, off by default) subtracts ``μ · max(0, turns - B_e)`` in
+penalised phases: ``μ`` per turn over effort e's turn budget ``B_e``. Phases of ``K`` steps alternate,
+success only first, then penalised (``length_penalty_on``), so attempts that can finish within the budget
+learn to, while in the success-only phases whatever solves the task is rewarded however long it runs.
+
 Baseline and advantages
 -----------------------
 Rollouts are grouped by (task, effort): same prompt, same price of cost. Within a group the advantage is
@@ -72,6 +77,17 @@ def reward(success: bool, cheat: bool, cost: float, lam: float) -> float:
         raise ValueError(f"lambda must be >= 0, got {lam}")
     solved = 1.0 if success and not cheat else 0.0
     return solved - lam * cost
+
+
+def length_penalty_on(step: int, phase: int) -> bool:
+    """Whether RL step `step` (1-based) is in a penalised phase: phases of `phase` steps alternate, success
+    only first; `phase = 0` penalises every step."""
+    return phase == 0 or (step - 1) // phase % 2 == 1
+
+
+def over_budget(turns: int, budget: int | None, price: float) -> float:
+    """The length penalty ``price · max(0, turns - budget)``; no budget, no penalty."""
+    return price * max(0, turns - budget) if budget is not None else 0.0
 
 
 # --------------------------------------------------------------------------------- baselines, advantages

@@ -96,6 +96,14 @@ def check(cfg: RunConfig) -> None:
         raise FlywheelError("[tasks] rename must be a share between 0 and 1")
     if cfg.train.trajectories not in ("lite", "full", "none"):
         raise FlywheelError("[train] trajectories must be 'lite', 'full' or 'none'")
+    r = cfg.reward
+    if r.length_penalty < 0 or r.length_phase < 0:
+        raise FlywheelError("[reward] length_penalty and length_phase must be >= 0")
+    for e, turns in r.length_budget.items():
+        if e not in cfg.rollout.efforts:
+            raise FlywheelError(f"[reward] length_budget: effort '{e}' is not in [rollout] efforts")
+        if turns < 1:
+            raise FlywheelError(f"[reward] length_budget.{e} must be >= 1 turn")
 
 
 def setup_torch(cfg: RunConfig) -> None:
@@ -264,7 +272,7 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     from flywheel.progress import progress
     from flywheel.rl.rollout import efforts_for, make_specs, rollout
-    from flywheel.rl.trainer import Trainer, score
+    from flywheel.rl.trainer import Trainer
 
     check(cfg)
     spec = model_spec(cfg.model.path)
@@ -311,7 +319,7 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
             row = rounded(metrics, step, trainer.version)
             run.append("metrics.jsonl", [row])
             if cfg.train.trajectories != "none":
-                scores = score(records, lambdas, cfg.objective.baseline, cfg.deterministic)
+                scores = trainer.scores(records, step)
                 keep = (lambda r: r) if cfg.train.trajectories == "full" else lite
                 run.append("trajectories.jsonl", [{**keep(r), "step": step, "rl": s} for r, s in zip(records, scores, strict=True)])
             out_of_time = cfg.train.max_minutes > 0 and time.perf_counter() - began > 60 * cfg.train.max_minutes

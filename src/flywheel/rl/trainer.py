@@ -42,6 +42,8 @@ from flywheel.rl.config import RunConfig
 from flywheel.rl.objective import (
     advantages_flat,
     kept_mask,
+    length_penalty_on,
+    over_budget,
     policy_loss,
     replay_entropy,
     replay_log_probs,
@@ -77,17 +79,21 @@ def token_batches(turns: Sequence[dict[str, Any]], max_tokens: int) -> list[list
 
 
 def score(records: Sequence[dict[str, Any]], lambdas: dict[str, float], baseline: str,
-          deterministic: bool) -> list[dict[str, float]]:
-    """Per record: cost, λ, reward and advantage (pure; the records are not changed)."""
+          deterministic: bool, length_price: float = 0.0,
+          length_budget: dict[str, int] | None = None) -> list[dict[str, float]]:
+    """Per record: cost, λ, reward and advantage (pure; the records are not changed). `length_price` per
+    turn over the effort's `length_budget` comes off the reward (the alternating length penalty)."""
     costs = [reward_cost(r, deterministic) for r in records]
     lams = [float(lambdas.get(r["effort"], 0.0)) for r in records]
-    rewards = [reward(bool(r["success"]), bool((r.get("verdict") or {}).get("cheat")), c, lam)
-               for r, c, lam in zip(records, costs, lams, strict=True)]
+    budget = length_budget or {}
+    over = [over_budget(r["n_turns"], budget.get(r["effort"]), length_price) for r in records]
+    rewards = [reward(bool(r["success"]), bool((r.get("verdict") or {}).get("cheat")), c, lam) - o
+               for r, c, lam, o in zip(records, costs, lams, over, strict=True)]
     lengths = [generated_tokens(r) for r in records]
     keys = [(r["task_id"], r["effort"]) for r in records]
     adv = advantages_flat(rewards, lengths, keys, baseline)
-    return [{"cost": c, "lambda": lam, "reward": rw, "advantage": a, "tokens": n}
-            for c, lam, rw, a, n in zip(costs, lams, rewards, adv, lengths, strict=True)]
+    return [{"cost": c, "lambda": lam, "length_penalty": o, "reward": rw, "advantage": a, "tokens": n}
+            for c, lam, o, rw, a, n in zip(costs, lams, over, rewards, adv, lengths, strict=True)]
 
 
 class Trainer:
@@ -107,10 +113,16 @@ class Trainer:
 
     # -- one update
 
+    def scores(self, records: Sequence[dict[str, Any]], step: int) -> list[dict[str, float]]:
+        """`score` of the records of RL step `step` (1-based; it sets the length-penalty phase)."""
+        cfg, r = self.cfg, self.cfg.reward
+        price = r.length_penalty if length_penalty_on(step, r.length_phase) else 0.0
+        return score(records, self.lambdas, cfg.objective.baseline, cfg.deterministic, price, r.length_budget)
+
     def step(self, records: Sequence[dict[str, Any]]) -> dict[str, float]:
         """One RL step from graded records; increments `version`; returns the step's metrics."""
         cfg = self.cfg
-        scores = score(records, self.lambdas, cfg.objective.baseline, cfg.deterministic)
+        scores = self.scores(records, self.version + 1)
         work = [(t, s["advantage"]) for r, s in zip(records, scores, strict=True) for t in turns_of(r)
                 if s["advantage"] != 0.0]
         budget = cfg.objective.token_budget or max(1, len(records)) * TURN_TOKENS
