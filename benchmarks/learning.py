@@ -104,13 +104,16 @@ def main() -> None:
     from flywheel.rl.train import load_engine, load_tasks, setup_torch, train
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(args.config)
     cfg.model.path = args.base
     cfg.train.max_minutes = args.minutes
     for v in args.variant:
         key, _, value = v.partition("=")
-        set_field(cfg, key, value)
+        try:
+            set_field(cfg, key, value)
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            ap.error(f"--variant {v}: not a config field or not a value for it ({e})")
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     calibration = out / "calibration" / "calibration.json"
     if not args.no_calibrate:
