@@ -1,7 +1,8 @@
 """Reinforcement learning for the flywheel: the objective, the optimizers and λ calibration.
 
-- `objective`: reward ``R = S - λ_e·C`` (and the alternating length penalty), group baselines (length-weighted by default), advantages,
-  top-p sampling-distribution replay and the truncated-importance-sampling policy loss;
+- `objective`: reward ``R = S - λ_e·C`` and the alternating length penalty, group baselines
+  (length-weighted by default), advantages, top-p sampling-distribution replay and the
+  truncated-importance-sampling policy loss;
 - `optim`: Muon for hidden matrices + AdamW for embeddings, head, norms and biases, as one optimizer;
 - `calibrate`: each effort level's λ from the base model's cost/success frontier (matplotlib is imported
   only when plotting).
