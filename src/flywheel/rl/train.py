@@ -312,14 +312,14 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
                 if r["task_id"] in origin:
                     r["renamed_from"] = origin[r["task_id"]]
             t1 = time.perf_counter()
-            metrics = trainer.step(records)
+            scores = trainer.scores(records, step)
+            metrics = trainer.step(records, scores)
             metrics["eligible_tasks"] = float(len(pool))
             history += [history_row(r, step) for r in records]
             t2 = time.perf_counter()
             row = rounded(metrics, step, trainer.version)
             run.append("metrics.jsonl", [row])
             if cfg.train.trajectories != "none":
-                scores = trainer.scores(records, step)
                 keep = (lambda r: r) if cfg.train.trajectories == "full" else lite
                 run.append("trajectories.jsonl", [{**keep(r), "step": step, "rl": s} for r, s in zip(records, scores, strict=True)])
             out_of_time = cfg.train.max_minutes > 0 and time.perf_counter() - began > 60 * cfg.train.max_minutes

@@ -119,10 +119,11 @@ class Trainer:
         price = r.length_penalty if length_penalty_on(step, r.length_phase) else 0.0
         return score(records, self.lambdas, cfg.objective.baseline, cfg.deterministic, price, r.length_budget)
 
-    def step(self, records: Sequence[dict[str, Any]]) -> dict[str, float]:
-        """One RL step from graded records; increments `version`; returns the step's metrics."""
+    def step(self, records: Sequence[dict[str, Any]], scores: Sequence[dict[str, float]] | None = None) -> dict[str, float]:
+        """One RL step from graded records (and their `scores`, when the caller already has them);
+        increments `version`; returns the step's metrics."""
         cfg = self.cfg
-        scores = self.scores(records, self.version + 1)
+        scores = scores if scores is not None else self.scores(records, self.version + 1)
         work = [(t, s["advantage"]) for r, s in zip(records, scores, strict=True) for t in turns_of(r)
                 if s["advantage"] != 0.0]
         budget = cfg.objective.token_budget or max(1, len(records)) * TURN_TOKENS
