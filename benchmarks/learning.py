@@ -17,7 +17,9 @@ checkpoint up to the config's steps).
 `--variant KEY=VALUE` (repeatable) overrides a config field for ablations, e.g.
 `--variant objective.baseline=mean`, `--variant objective.replay=false`, `--variant optim.kind=adamw`,
 `--variant reward.lambdas.medium=0` (with --no-calibrate and explicit λ). `--base-eval DIR/results.json`
-reuses the base evaluation of another run, so ablations share one baseline (`benchmarks/ablations.py`).
+reuses the base evaluation of another run, so ablations share one baseline (`benchmarks/ablations.py`);
+`--base-only` stops after the base evaluation, writing a results.json that holds it alone, for runs that
+train a subset of its effort levels to share.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def main() -> None:
     ap.add_argument("--cal-tasks", type=int, default=12, help="calibration tasks (train split)")
     ap.add_argument("--cal-samples", type=int, default=1, help="attempts per calibration task and rung")
     ap.add_argument("--base-eval", help="results.json of an earlier run: reuse its base evaluation")
+    ap.add_argument("--base-only", action="store_true", help="stop after evaluating the base (for --base-eval)")
     ap.add_argument("--variant", action="append", default=[], help="KEY=VALUE config override (repeatable)")
     args = ap.parse_args()
 
@@ -134,6 +137,14 @@ def main() -> None:
         engine = load_engine(cfg, f"hf:{args.base}")
         before = evaluate_policy(engine, heldout, cfg, out / "eval-base")
         (out / "eval-base" / "summary.json").write_text(json.dumps(before, indent=1) + "\n")
+    if args.base_only:
+        (out / "results.json").write_text(json.dumps({"variant": args.variant, "base": before}, indent=1) + "\n")
+        print(json.dumps(before, indent=1))
+        return
+    missing = [e for e in cfg.rollout.efforts if e not in before]
+    if missing:
+        print(f"learning.py: --base-eval {args.base_eval} has no base evaluation at {', '.join(missing)}", file=sys.stderr)
+        sys.exit(2)
     train(cfg, out / "train")
     rows = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
     latest = sorted((out / "train" / "checkpoints").glob("step-*"))[-1]
