@@ -4,8 +4,9 @@ A `scripted-sweep` command is one fixed text per inverse operator (`flywheel.mod
 For each trajectories file (`flywheel eval --out DIR` writes `DIR/trajectories.jsonl`; `benchmarks/learning.py`
 writes `OUT/eval-base/<effort>/` and `OUT/eval-trained/<effort>/`) this prints, per file: episodes, success,
 turns, looks (`cat -n`, `run_tests`) per episode, shell commands per episode, the share that are exactly
-one of the teacher's sweeps, the share of exact sweeps that repeat one already run in the episode, and the
-commonest first sweeps with how often a sweep for that pair printed `fixed`. No model runs.
+one of the teacher's sweeps, the share of exact sweeps that repeat one already run in the episode, how the
+failed episodes ended (a submit that gives up, or a budget) and at what turn the failures that submitted
+did, and the commonest first sweeps with how often a sweep for that pair printed `fixed`. No model runs.
 
     .venv/bin/python benchmarks/sweep_choices.py runs/learn-sweep/eval-base/medium/trajectories.jsonl \\
         runs/learn-sweep/eval-trained/medium/trajectories.jsonl
@@ -70,6 +71,11 @@ def main() -> None:
               f"turns {sum(r['n_turns'] for r in records) / n:.2f}, looks {counts['looks'] / n:.2f}, "
               f"shell {counts['shell'] / n:.2f}, exact sweeps {counts['exact'] / max(counts['shell'], 1):.0%}, "
               f"repeats {counts['repeats'] / max(counts['exact'], 1):.0%}")
+        failed = [r for r in records if not r["success"]]
+        endings = Counter(r.get("ending") for r in failed)
+        gave_up = [r["n_turns"] for r in failed if r.get("ending") == "submitted"]
+        print(f"  failures {len(failed)}: " + ", ".join(f"{k} {v}" for k, v in endings.most_common())
+              + (f"; those that submitted did at turn {sum(gave_up) / len(gave_up):.2f} on average" if gave_up else ""))
         for pair, k in first.most_common(args.top):
             print(f"  first sweep {pair:12s} {k / n:5.1%}   printed fixed {fixed[pair]} times in all")
 
