@@ -60,6 +60,20 @@ def test_a_shell_command_that_writes_a_file_is_an_edit_and_test_caches_are_not(c
     assert r.edited and (tmp_path / "a.py").read_text() == SOURCE.replace("x > 1", "x >= 1")
 
 
+def test_run_tests_reads_the_same_on_every_run(clamp_task, tmp_path):
+    """pytest's summary line carries its wall time; run_tests leaves it out, so an episode can repeat."""
+    import shutil
+
+    from flywheel.sandbox import get_sandbox
+
+    shutil.copytree(clamp_task.repo, tmp_path / "ws")
+    tools = Tools(clamp_task, tmp_path / "ws", sandbox=get_sandbox())
+    first, second = (tools.execute(Action("run_tests")).text for _ in range(2))
+    assert first == second
+    summary = first.splitlines()[-1]
+    assert "failed" in summary and " in " not in summary and not summary.endswith("s")
+
+
 def test_a_call_no_file_system_can_take_is_refused_not_raised(clamp_task, tmp_path):
     from flywheel.sandbox import get_sandbox
 

@@ -3,11 +3,15 @@
 `view` and `edit` work on the workspace's files directly (paths are resolved inside the workspace; a
 path or symlink that leads outside it is refused). `shell` and `run_tests` run in the sandbox. Hidden
 tests never reach the workspace: `run_tests` runs the task's visible test command on the repository as
-the agent has it, and the grader restores the hidden tests only in its own copy.
+the agent has it, and the grader restores the hidden tests only in its own copy. Its output leaves out
+pytest's wall time (`2 passed in 0.08s` reads `2 passed`): it tells the agent nothing about the bug, and
+with it the same episode would read differently on every run, so imitation data and deterministic runs
+could not repeat.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +22,7 @@ from flywheel.tasks.format import Task
 
 VIEW_LINES = 120  # lines shown by a `view` without a range
 OBSERVATION_BYTES = 4000  # tool output kept per observation (head and tail)
+_DURATION = re.compile(r" in \d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?(?=(?: =+)?$)", re.M)  # pytest's summary: ` in 0.08s`
 _CACHES = {"__pycache__", ".pytest_cache"}  # what running the tests writes
 
 
@@ -57,7 +62,9 @@ class Tools:
         return result
 
     def _run_tests(self) -> ToolResult:
-        return self._run(["bash", "-c", self.task.test_command])
+        result = self._run(["bash", "-c", self.task.test_command])
+        result.text = _DURATION.sub("", result.text)
+        return result
 
     def _submit(self) -> ToolResult:
         return ToolResult("submitted", submitted=True)

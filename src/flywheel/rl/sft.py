@@ -93,7 +93,7 @@ class SftConfig:
 # ------------------------------------------------------------------------------------------ the data
 
 
-DATA_FORMAT = 5  # raised whenever a teacher's episodes change, so that cached ones are collected anew
+DATA_FORMAT = 6  # raised whenever a teacher's episodes change, so that cached ones are collected anew
 
 
 def collect(cfg: SftConfig) -> list[dict[str, Any]]:
