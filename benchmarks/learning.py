@@ -116,6 +116,17 @@ def main() -> None:
             set_field(cfg, key, value)
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             ap.error(f"--variant {v}: not a config field or not a value for it ({e})")
+    if not (Path(args.base) / "config.json").is_file():
+        ap.exit(2, f"learning.py: --base {args.base}: not a model directory (no config.json; make one with `flywheel sft`)\n")
+    reused = None
+    if args.base_eval:  # checked before anything runs: one line and exit 2 when it cannot serve
+        try:
+            reused = json.loads(Path(args.base_eval).read_text())["base"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.exit(2, f"learning.py: --base-eval {args.base_eval}: not a results.json with a base evaluation ({e})\n")
+        missing = [e for e in cfg.rollout.efforts if e not in reused]
+        if missing:
+            ap.exit(2, f"learning.py: --base-eval {args.base_eval} has no base evaluation at {', '.join(missing)}\n")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     calibration = out / "calibration" / "calibration.json"
@@ -129,8 +140,8 @@ def main() -> None:
     heldout = load_tasks(cfg, split=cfg.tasks.eval_split, limit=0)
     heldout = heldout[:: max(1, len(heldout) // args.eval_tasks)][: args.eval_tasks]
     setup_torch(cfg)
-    if args.base_eval:
-        before = json.loads(Path(args.base_eval).read_text())["base"]
+    if reused is not None:
+        before = reused
     elif (out / "eval-base" / "summary.json").is_file():
         before = json.loads((out / "eval-base" / "summary.json").read_text())
     else:
@@ -141,10 +152,6 @@ def main() -> None:
         (out / "results.json").write_text(json.dumps({"variant": args.variant, "base": before}, indent=1) + "\n")
         print(json.dumps(before, indent=1))
         return
-    missing = [e for e in cfg.rollout.efforts if e not in before]
-    if missing:
-        print(f"learning.py: --base-eval {args.base_eval} has no base evaluation at {', '.join(missing)}", file=sys.stderr)
-        sys.exit(2)
     train(cfg, out / "train")
     rows = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
     latest = sorted((out / "train" / "checkpoints").glob("step-*"))[-1]
