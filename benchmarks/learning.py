@@ -124,7 +124,7 @@ def main() -> None:
             reused = json.loads(Path(args.base_eval).read_text())["base"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             ap.exit(2, f"learning.py: --base-eval {args.base_eval}: not a results.json with a base evaluation ({e})\n")
-        missing = [e for e in cfg.rollout.efforts if e not in reused]
+        missing = [effort for effort in cfg.rollout.efforts if effort not in reused]
         if missing:
             ap.exit(2, f"learning.py: --base-eval {args.base_eval} has no base evaluation at {', '.join(missing)}\n")
     out.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,6 @@ def test_the_length_penalty_applies_in_penalised_steps_to_budgeted_efforts(engin
     assert [s["length_penalty"] for s in penalised] == pytest.approx([0.2, 0.0, 0.0])
 
 
-
 def test_a_step_without_scores_takes_its_length_penalty_phase_from_the_version(engine):
     """The loop host calls `Trainer.step(records)`: step `version + 1` decides whether the penalty applies."""
     records = records_from(engine, ["a", "b"], [True, False])
@@ -67,6 +66,7 @@ def test_a_step_without_scores_takes_its_length_penalty_phase_from_the_version(e
     rewards = [trainer.step(records)["medium/reward"] for _ in range(3)]
     assert rewards == pytest.approx([0.5, (0.8 - 0.3) / 2, 0.5])
     assert trainer.version == 3
+
 
 def test_batched_logits_match_one_forward_per_turn(engine):
     records = records_from(engine, ["short", "a much longer prompt than the other one"], [True, False])
