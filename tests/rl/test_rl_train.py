@@ -120,7 +120,8 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
                          ("[objective]\npack_tokens = 0\n", "[objective] pack_tokens"),
                          ("[tasks]\nrename = 2\n", "[tasks] rename"),
                          ("[reward]\nlength_penalty = -0.1\n", "[reward] length_penalty"),
-                         ("[reward]\nlength_budget = { turbo = 3 }\n", "[reward] length_budget")]:
+                         ("[reward]\nlength_budget = { turbo = 3 }\n", "[reward] length_budget"),
+                         ("[reward]\nlength_scope = 'some'\n", "[reward] length_scope")]:
         bad.write_text(body)
         with pytest.raises(SystemExit) as exit_:
             main(["train", str(bad), "--out", str(tmp_path / "r")])

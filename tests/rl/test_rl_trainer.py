@@ -55,6 +55,19 @@ def test_the_length_penalty_applies_in_penalised_steps_to_budgeted_efforts(engin
     assert [s["length_penalty"] for s in penalised] == pytest.approx([0.2, 0.0, 0.0])
 
 
+def test_a_solved_scope_penalises_length_only_in_groups_with_a_success(engine):
+    """Where no attempt solved the task, a short failure must not score above a long one: that teaches giving up."""
+    records = records_from(engine, ["a", "b", "c", "d"], [True, False, False, False])
+    for r, task, turns in zip(records, "ttuu", (5, 6, 6, 2), strict=True):
+        r["task_id"], r["n_turns"] = task, turns
+    everywhere = score(records, {}, "mean", False, 0.1, {"medium": 3})
+    solved = score(records, {}, "mean", False, 0.1, {"medium": 3}, "solved")
+    assert [s["length_penalty"] for s in everywhere] == pytest.approx([0.2, 0.3, 0.3, 0.0])
+    assert [s["length_penalty"] for s in solved] == pytest.approx([0.2, 0.3, 0.0, 0.0])
+    assert [s["advantage"] for s in solved] == pytest.approx([0.55, -0.55, 0.0, 0.0])
+    assert [s["advantage"] for s in everywhere][2:] == pytest.approx([-0.15, 0.15])
+
+
 def test_a_step_without_scores_takes_its_length_penalty_phase_from_the_version(engine):
     """The loop host calls `Trainer.step(records)`: step `version + 1` decides whether the penalty applies."""
     records = records_from(engine, ["a", "b"], [True, False])

@@ -99,6 +99,8 @@ def check(cfg: RunConfig) -> None:
     r = cfg.reward
     if r.length_penalty < 0 or r.length_phase < 0:
         raise FlywheelError("[reward] length_penalty and length_phase must be >= 0")
+    if r.length_scope not in ("all", "solved"):
+        raise FlywheelError("[reward] length_scope must be 'all' or 'solved'")
     for e, turns in r.length_budget.items():
         if e not in cfg.rollout.efforts:
             raise FlywheelError(f"[reward] length_budget: effort '{e}' is not in [rollout] efforts")

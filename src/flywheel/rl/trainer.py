@@ -80,17 +80,22 @@ def token_batches(turns: Sequence[dict[str, Any]], max_tokens: int) -> list[list
 
 def score(records: Sequence[dict[str, Any]], lambdas: dict[str, float], baseline: str,
           deterministic: bool, length_price: float = 0.0,
-          length_budget: dict[str, int] | None = None) -> list[dict[str, float]]:
+          length_budget: dict[str, int] | None = None, length_scope: str = "all") -> list[dict[str, float]]:
     """Per record: cost, λ, reward and advantage (pure; the records are not changed). `length_price` per
-    turn over the effort's `length_budget` comes off the reward (the alternating length penalty)."""
+    turn over the effort's `length_budget` comes off the reward (the alternating length penalty); with
+    `length_scope="solved"` only in (task, effort) groups where some attempt solved the task honestly."""
     costs = [reward_cost(r, deterministic) for r in records]
     lams = [float(lambdas.get(r["effort"], 0.0)) for r in records]
+    solved = [bool(r["success"]) and not bool((r.get("verdict") or {}).get("cheat")) for r in records]
+    keys = [(r["task_id"], r["effort"]) for r in records]
+    solved_groups = {k for k, s in zip(keys, solved, strict=True) if s}
     budget = length_budget or {}
-    over = [over_budget(r["n_turns"], budget.get(r["effort"]), length_price) for r in records]
+    over = [over_budget(r["n_turns"], budget.get(r["effort"]), length_price)
+            if length_scope == "all" or k in solved_groups else 0.0
+            for r, k in zip(records, keys, strict=True)]
     rewards = [reward(bool(r["success"]), bool((r.get("verdict") or {}).get("cheat")), c, lam) - o
                for r, c, lam, o in zip(records, costs, lams, over, strict=True)]
     lengths = [generated_tokens(r) for r in records]
-    keys = [(r["task_id"], r["effort"]) for r in records]
     adv = advantages_flat(rewards, lengths, keys, baseline)
     return [{"cost": c, "lambda": lam, "length_penalty": o, "reward": rw, "advantage": a, "tokens": n}
             for c, lam, o, rw, a, n in zip(costs, lams, over, rewards, adv, lengths, strict=True)]
@@ -117,7 +122,8 @@ class Trainer:
         """`score` of the records of RL step `step` (1-based; it sets the length-penalty phase)."""
         cfg, r = self.cfg, self.cfg.reward
         price = r.length_penalty if length_penalty_on(step, r.length_phase) else 0.0
-        return score(records, self.lambdas, cfg.objective.baseline, cfg.deterministic, price, r.length_budget)
+        return score(records, self.lambdas, cfg.objective.baseline, cfg.deterministic, price, r.length_budget,
+                     r.length_scope)
 
     def step(self, records: Sequence[dict[str, Any]], scores: Sequence[dict[str, float]] | None = None) -> dict[str, float]:
         """One RL step from graded records (and their `scores`, when the caller already has them);
