@@ -14,8 +14,8 @@ time — each the inverse of one mutation operator on one line of the function t
 module it copied aside first — and submit once one is kept. Every command names the module by the glob
 `*.py` (a toybugs repository has one module beside its tests), so the only things to read off the context
 are a line number and the text on that line: a tiny model does not copy a name it has never seen
-(`docs/experiments.md`). The text replaced starts with the space before it (` <`, ` and`), as the code spells it. The
-oracle only chooses where in its random order of candidates the right one falls, within the effort
+(`docs/experiments.md`). The text replaced starts with the space before it (` <`, ` and`), as the code
+spells it. The oracle only chooses where in its random order of candidates the right one falls, within the effort
 level's number of tries; when no candidate is the fix, it tries its quota of wrong ones and submits, as a
 searcher without it would.
 

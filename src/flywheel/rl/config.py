@@ -61,7 +61,7 @@ class RewardConfig:
     length_penalty: float = 0.0  # reward lost per turn over the effort's length_budget, in penalised phases
     length_budget: dict[str, int] = field(default_factory=dict)  # turns per effort (missing: never penalised)
     length_phase: int = 1  # steps per phase: success-only and penalised phases alternate (0: penalise every step)
-    length_scope: str = "all"  # "solved": only in (task, effort) groups with a success, so giving up never pays
+    length_scope: str = "all"  # "solved": only in (task, effort) groups where some attempt succeeded
 
 
 @dataclass

@@ -86,15 +86,15 @@ def score(records: Sequence[dict[str, Any]], lambdas: dict[str, float], baseline
     `length_scope="solved"` only in (task, effort) groups where some attempt solved the task honestly."""
     costs = [reward_cost(r, deterministic) for r in records]
     lams = [float(lambdas.get(r["effort"], 0.0)) for r in records]
-    solved = [bool(r["success"]) and not bool((r.get("verdict") or {}).get("cheat")) for r in records]
+    cheats = [bool((r.get("verdict") or {}).get("cheat")) for r in records]
     keys = [(r["task_id"], r["effort"]) for r in records]
-    solved_groups = {k for k, s in zip(keys, solved, strict=True) if s}
+    solved_groups = {k for k, r, cheat in zip(keys, records, cheats, strict=True) if r["success"] and not cheat}
     budget = length_budget or {}
     over = [over_budget(r["n_turns"], budget.get(r["effort"]), length_price)
             if length_scope == "all" or k in solved_groups else 0.0
             for r, k in zip(records, keys, strict=True)]
-    rewards = [reward(bool(r["success"]), bool((r.get("verdict") or {}).get("cheat")), c, lam) - o
-               for r, c, lam, o in zip(records, costs, lams, over, strict=True)]
+    rewards = [reward(bool(r["success"]), cheat, c, lam) - o
+               for r, cheat, c, lam, o in zip(records, cheats, costs, lams, over, strict=True)]
     lengths = [generated_tokens(r) for r in records]
     adv = advantages_flat(rewards, lengths, keys, baseline)
     return [{"cost": c, "lambda": lam, "length_penalty": o, "reward": rw, "advantage": a, "tokens": n}
