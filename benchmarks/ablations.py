@@ -1,6 +1,9 @@
 """The four ablations of the RL objective, side by side: one `benchmarks/learning.py` run each.
 
     python benchmarks/ablations.py --base runs/base --config configs/learn.toml --steps 8 --out runs/ablations
+    python benchmarks/ablations.py --base runs/base-sweep6 --config configs/learn-sweep.toml --steps 10 \
+        --eval-tasks 149 --base-eval runs/base-eval6full/results.json \
+        --variant 'rollout.efforts=["medium"]' --variant rollout.group_size=8 --out runs/ablations6
 
 Runs, each for the same number of RL steps from the same base:
 
@@ -11,7 +14,9 @@ Runs, each for the same number of RL steps from the same base:
 - `lambda-0`: no cost penalty (λ = 0 at every effort) instead of the calibrated λ.
 
 The variants reuse the default run's calibration and base evaluation, so every row differs from `default`
-in one setting only. The budget is a number of steps, not minutes. Run them one at a time on an otherwise
+in one setting only. `--variant KEY=VALUE` changes the config of every run alike (the second command
+trains medium effort alone); `--base-eval` takes the base evaluation of an earlier `learning.py` run
+instead of evaluating the base again. The budget is a number of steps, not minutes. Run them one at a time on an otherwise
 idle machine (the default): an attempt's cost counts its measured seconds (unless the config is
 `deterministic`), so runs that share the cores pay more for the same work; `--jobs 2` (two variants at
 a time) is for trying the script out. Prints one table: success, cost and turns on the
@@ -49,7 +54,8 @@ def learning_run(args, name: str, extra: list[str]) -> dict:
         return json.loads((out / "results.json").read_text())
     cmd = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "--base", args.base, "--config", args.config,
            "--out", str(out), "--minutes", "0", "--eval-tasks", str(args.eval_tasks),
-           "--cal-tasks", str(args.cal_tasks), "--variant", f"train.steps={args.steps}", *extra]
+           "--cal-tasks", str(args.cal_tasks), "--variant", f"train.steps={args.steps}",
+           *(x for v in args.variant for x in ("--variant", v)), *extra]
     say(f"[{name}] {' '.join(cmd[1:])}")
     with (Path(args.out) / f"{name}.log").open("w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -86,11 +92,16 @@ def main() -> None:
     ap.add_argument("--eval-tasks", type=int, default=24)
     ap.add_argument("--cal-tasks", type=int, default=8, help="calibration tasks (train split)")
     ap.add_argument("--jobs", type=int, default=1, help="variants run at once after the default run")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="KEY=VALUE config override for every run, the default included (repeatable)")
+    ap.add_argument("--base-eval", help="results.json of an earlier learning.py run: reuse its base evaluation")
     args = ap.parse_args()
     if not Path(args.base, "config.json").is_file():
-        raise SystemExit(f"--base {args.base}: not a model directory (no config.json); build one with `flywheel sft`")
+        ap.exit(2, f"ablations.py: --base {args.base}: not a model directory (no config.json); build one with `flywheel sft`\n")
+    if args.base_eval and not Path(args.base_eval).is_file():
+        ap.exit(2, f"ablations.py: --base-eval {args.base_eval}: no such file\n")
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    results = {"default": learning_run(args, "default", [])}
+    results = {"default": learning_run(args, "default", ["--base-eval", args.base_eval] if args.base_eval else [])}
     shared = ["--no-calibrate", "--base-eval", str(Path(args.out) / "default" / "results.json")]
     calibration = str(Path(args.out) / "default" / "calibration" / "calibration.json")
     runs = {name: [*shared, *(["--variant", f"reward.calibration={calibration}"] if name != "lambda-0" else []),
