@@ -16,8 +16,8 @@ Runs, each for the same number of RL steps from the same base:
 The variants reuse the default run's calibration and base evaluation, so every row differs from `default`
 in one setting only. `--variant KEY=VALUE` changes the config of every run alike (the second command
 trains medium effort alone); `--base-eval` takes the base evaluation of an earlier `learning.py` run
-instead of evaluating the base again. The budget is a number of steps, not minutes. Run them one at a time on an otherwise
-idle machine (the default): an attempt's cost counts its measured seconds (unless the config is
+instead of evaluating the base again. The budget is a number of steps, not minutes. Run them one at a
+time on an otherwise idle machine (the default): an attempt's cost counts its measured seconds (unless the config is
 `deterministic`), so runs that share the cores pay more for the same work; `--jobs 2` (two variants at
 a time) is for trying the script out. Prints one table: success, cost and turns on the
 training rollouts (first third of the steps against the last third), and held-out success, cost,

@@ -83,8 +83,8 @@ def memoryless(sets: list[set[int]], n_pairs: int, k: int, p: np.ndarray | None 
 
 
 def observed(paths: list[str], commands: dict[str, int]) -> tuple[Counter, dict[str, set[int]]]:
-    """From trajectories: (predicted?, printed fixed?) is tallied per exact sweep by `check`; here, per
-    task, the sweeps that printed `fixed` in an episode the verifier passed (they repair it another way)."""
+    """Every exact sweep in these trajectories as (task, sweep, printed `fixed`), and per task the sweeps that
+    printed `fixed` in an episode the verifier passed (they repair it, perhaps otherwise than the patch)."""
     runs, repairs = [], {}
     for path in paths:
         for line in Path(path).read_text().splitlines():
