@@ -123,6 +123,7 @@ def _tool_command(turn: dict) -> str | None:
 
 
 def main() -> None:
+    from flywheel.errors import FlywheelError
     from flywheel.models.scripted import SWEEP_PAIRS, sweep_command
     from flywheel.tasks import load_suite
 
@@ -137,7 +138,10 @@ def main() -> None:
         sys.exit(print(f"sweep_ceiling.py: no such trajectories file: {missing[0]}", file=sys.stderr) or 2)
     if any(k < 1 for k in args.sweeps):
         sys.exit(print("sweep_ceiling.py: --sweeps takes positive counts", file=sys.stderr) or 2)
-    tasks = load_suite(args.suite, split=args.split)
+    try:
+        tasks = load_suite(args.suite, split=args.split)
+    except FlywheelError as e:
+        sys.exit(print(f"sweep_ceiling.py: {e}", file=sys.stderr) or 2)
     by_id = {t.id: repairing_pairs((Path(t.root) / "solution.patch").read_text(), SWEEP_PAIRS) for t in tasks}
     n = len(SWEEP_PAIRS)
     table(f"{args.suite}/{args.split}, repairs read off the solution patches", list(by_id.values()), n, args.sweeps)
