@@ -17,9 +17,9 @@ The variants reuse the default run's calibration and base evaluation, so every r
 in one setting only. `--variant KEY=VALUE` changes the config of every run alike (the second command
 trains medium effort alone); `--base-eval` takes the base evaluation of an earlier `learning.py` run
 instead of evaluating the base again. The budget is a number of steps, not minutes. Run them one at a
-time on an otherwise idle machine (the default): an attempt's cost counts its measured seconds (unless the config is
-`deterministic`), so runs that share the cores pay more for the same work; `--jobs 2` (two variants at
-a time) is for trying the script out. Prints one table: success, cost and turns on the
+time on an otherwise idle machine (the default): an attempt's cost counts its measured seconds (unless
+the config is `deterministic`), so runs that share the cores pay more for the same work; `--jobs 2` (two
+variants at a time) is for trying the script out. Prints one table: success, cost and turns on the
 training rollouts (first third of the steps against the last third), and held-out success, cost,
 generated tokens and turns per effort level after training, next to the base. Cost counts measured
 seconds and moves with the machine's load; tokens and turns do not. Writes `OUT/ablations.json`.

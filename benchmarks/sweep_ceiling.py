@@ -66,23 +66,23 @@ def random_no_repeats(sets: list[set[int]], n_pairs: int, k: int) -> float:
     return sum(1 - miss(len(s)) for s in sets) / len(sets)
 
 
-def memoryless(sets: list[set[int]], n_pairs: int, k: int, p: np.ndarray | None = None) -> tuple[float, np.ndarray]:
-    """Expected share solved by k i.i.d. draws from `p`, and `p`; with no `p`, from the best distribution."""
+def memoryless(sets: list[set[int]], n_pairs: int, k: int, p: np.ndarray | None = None) -> float:
+    """Expected share solved by k i.i.d. draws from `p`; with no `p`, from the best distribution."""
     member = np.zeros((len(sets), n_pairs))
     for t, s in enumerate(sets):
         member[t, list(s)] = 1.0
     value = lambda q: float(np.mean(1 - (1 - member @ q) ** k))  # noqa: E731
     if p is not None:
-        return value(p), p
+        return value(p)
     q = np.full(n_pairs, 1 / n_pairs)
     for _ in range(3000):  # exponentiated gradient on the simplex
         grad = member.T @ (k * (1 - member @ q) ** (k - 1)) / len(sets)
         q = q * np.exp(0.5 * grad / max(grad.max(), 1e-12))
         q /= q.sum()
-    return value(q), q
+    return value(q)
 
 
-def observed(paths: list[str], commands: dict[str, int]) -> tuple[Counter, dict[str, set[int]]]:
+def observed(paths: list[str], commands: dict[str, int]) -> tuple[list[tuple[str, int, bool]], dict[str, set[int]]]:
     """Every exact sweep in these trajectories as (task, sweep, printed `fixed`), and per task the sweeps that
     printed `fixed` in an episode the verifier passed (they repair it, perhaps otherwise than the patch)."""
     runs, repairs = [], {}
@@ -92,7 +92,7 @@ def observed(paths: list[str], commands: dict[str, int]) -> tuple[Counter, dict[
             for turn in rec["turns"]:
                 if turn["role"] != "tool" or turn.get("name") != "shell":
                     continue
-                pair = commands.get(_tool_command(turn))
+                pair = commands.get((turn.get("arguments") or {}).get("command"))
                 if pair is None:
                     continue
                 fixed = turn["text"].endswith("fixed")
@@ -108,18 +108,6 @@ def check(runs: list[tuple[str, int, bool]], sets: dict[str, set[int]]) -> str:
     yes, no = tally[(True, True)] + tally[(True, False)], tally[(False, True)] + tally[(False, False)]
     return (f"check on {len(runs)} exact sweeps: {yes} predicted to repair, {tally[(True, True)]} of them printed "
             f"fixed; {no} predicted not to, {tally[(False, True)]} of them printed fixed")
-
-
-def _tool_command(turn: dict) -> str | None:
-    import ast
-
-    args = turn.get("arguments")
-    if isinstance(args, dict):
-        return args.get("command")
-    try:
-        return ast.literal_eval(args).get("command")
-    except (ValueError, SyntaxError, AttributeError):
-        return None
 
 
 def main() -> None:
@@ -158,8 +146,7 @@ def table(title: str, sets: list[set[int]], n: int, ks: list[int]) -> None:
     print(f"{title}: {len(sets)} tasks, {solvable} repaired by some sweep ({solvable / len(sets):.1%}); {n} sweeps")
     print(f"{'k':>3s} {'best order':>11s} {'random, no repeats':>19s} {'best memoryless':>16s} {'uniform memoryless':>19s}")
     for k in ks:
-        best, _ = memoryless(sets, n, k)
-        uniform, _ = memoryless(sets, n, k, np.full(n, 1 / n))
+        best, uniform = memoryless(sets, n, k), memoryless(sets, n, k, np.full(n, 1 / n))
         print(f"{k:3d} {best_order(sets, n, k):11.1%} {random_no_repeats(sets, n, k):19.1%} {best:16.1%} {uniform:19.1%}")
 
 
