@@ -104,7 +104,7 @@ def main() -> None:
 
     from flywheel.rl.config import load_config
     from flywheel.rl.measure import evaluate_policy, run_calibration
-    from flywheel.rl.train import load_engine, load_tasks, setup_torch, train
+    from flywheel.rl.train import load_engine, load_heldout, setup_torch, train
 
     out = Path(args.out)
     cfg = load_config(args.config)
@@ -137,7 +137,7 @@ def main() -> None:
             cal = run_calibration(cfg, out / "calibration", limit=args.cal_tasks, samples=args.cal_samples)
         cfg.reward.calibration = str(calibration)
         print("lambdas:", cal["lambdas"], flush=True)
-    heldout = load_tasks(cfg, split=cfg.tasks.eval_split, limit=0)
+    heldout = load_heldout(cfg)
     heldout = heldout[:: max(1, len(heldout) // args.eval_tasks)][: args.eval_tasks]
     setup_torch(cfg)
     if reused is not None:

@@ -89,7 +89,7 @@ def plot(before: dict, after: dict, path: Path) -> None:
 def main() -> None:
     from flywheel.rl.config import load_config
     from flywheel.rl.measure import evaluate_policy, run_calibration
-    from flywheel.rl.train import load_engine, load_tasks, setup_torch, train
+    from flywheel.rl.train import load_engine, load_heldout, setup_torch, train
     from flywheel.tasks import load_suite
 
     configs = configs_dir()
@@ -108,7 +108,7 @@ def main() -> None:
     cal = run_calibration(cfg, out / "calibration", limit=8, samples=1)
     cfg.reward.calibration = str(out / "calibration" / "calibration.json")
     print("      λ = " + ", ".join(f"{e}: {v:.1f}" for e, v in cal["lambdas"].items()), flush=True)
-    heldout = load_tasks(cfg, split=cfg.tasks.eval_split, limit=0)
+    heldout = load_heldout(cfg)
     heldout = heldout[:: max(1, len(heldout) // n_eval)][:n_eval]
     setup_torch(cfg)
     stage(4, f"evaluating the base on {len(heldout)} held-out tasks ...")

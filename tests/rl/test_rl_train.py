@@ -167,6 +167,23 @@ def test_recuration_drops_always_solved_and_never_solved_tasks_and_keeps_unmeasu
     assert len(curated(tasks, history, cfg, step=3)) == 4
 
 
+def test_a_curated_train_suite_is_evaluated_on_the_held_out_split_of_eval_suite(tmp_path):
+    import shutil
+
+    from flywheel.rl.train import load_heldout, load_tasks
+    from flywheel.tasks import load_suite
+
+    for t in load_suite("toybugs", split="train")[:2]:  # a curated subset, as `flywheel tasks curate` writes
+        shutil.copytree(t.root, tmp_path / "tasks" / t.id)
+    cfg = RunConfig()
+    cfg.tasks.suite = str(tmp_path / "tasks")
+    assert len(load_tasks(cfg)) == 2
+    with pytest.raises(FlywheelError, match="no split 'heldout'"):
+        load_heldout(cfg)
+    cfg.tasks.eval_suite = "toybugs"
+    assert [t.id for t in load_heldout(cfg)] == [t.id for t in load_suite("toybugs", split="heldout")]
+
+
 def test_weighted_loss_is_the_action_loss_when_context_weighs_nothing(tmp_path):
     import torch
 

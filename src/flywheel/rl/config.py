@@ -34,6 +34,7 @@ class TasksConfig:
     split: str = "train"
     limit: int = 0  # use the first N tasks of the split (0: all)
     eval_split: str = "heldout"
+    eval_suite: str = ""  # the suite eval_split is read from ("": suite), e.g. when suite is a curated subset
     recurate_every: int = 0  # every N steps keep only tasks with 0 < pass rate <= p_max (0: never)
     p_max: float = 0.75  # curation's upper pass rate; unmeasured tasks stay eligible
     recurate_window: int = 8  # pass rates count attempts of the last N policy versions

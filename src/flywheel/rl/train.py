@@ -124,6 +124,13 @@ def load_tasks(cfg: RunConfig, split: str | None = None, limit: int | None = Non
     return tasks[:n] if n else tasks
 
 
+def load_heldout(cfg: RunConfig):
+    """The evaluation tasks: `eval_split` of `eval_suite` (of `suite` when that is unset)."""
+    from flywheel.tasks import load_suite
+
+    return load_suite(cfg.tasks.eval_suite or cfg.tasks.suite, split=cfg.tasks.eval_split)
+
+
 def batch_for(tasks: list, cfg: RunConfig, step: int) -> list:
     """The step's tasks: a seeded sample, the same in every run and on resume."""
     rng = random.Random(stable_seed(cfg.seed, "tasks", step))
