@@ -102,12 +102,16 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], help="KEY=VALUE config override (repeatable)")
     args = ap.parse_args()
 
+    from flywheel.errors import FlywheelError
     from flywheel.rl.config import load_config
     from flywheel.rl.measure import evaluate_policy, run_calibration
-    from flywheel.rl.train import load_engine, load_heldout, setup_torch, train
+    from flywheel.rl.train import load_engine, load_heldout, load_tasks, setup_torch, train
 
     out = Path(args.out)
-    cfg = load_config(args.config)
+    try:
+        cfg = load_config(args.config)
+    except FlywheelError as e:
+        ap.exit(2, f"learning.py: {e}\n")
     cfg.model.path = args.base
     cfg.train.max_minutes = args.minutes
     for v in args.variant:
@@ -127,6 +131,12 @@ def main() -> None:
         missing = [effort for effort in cfg.rollout.efforts if effort not in reused]
         if missing:
             ap.exit(2, f"learning.py: --base-eval {args.base_eval} has no base evaluation at {', '.join(missing)}\n")
+    try:  # the training and held-out suites are read before anything runs
+        load_tasks(cfg)
+        heldout = load_heldout(cfg)
+    except FlywheelError as e:
+        ap.exit(2, f"learning.py: {e}\n")
+    heldout = heldout[:: max(1, len(heldout) // args.eval_tasks)][: args.eval_tasks]
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     calibration = out / "calibration" / "calibration.json"
@@ -137,8 +147,6 @@ def main() -> None:
             cal = run_calibration(cfg, out / "calibration", limit=args.cal_tasks, samples=args.cal_samples)
         cfg.reward.calibration = str(calibration)
         print("lambdas:", cal["lambdas"], flush=True)
-    heldout = load_heldout(cfg)
-    heldout = heldout[:: max(1, len(heldout) // args.eval_tasks)][: args.eval_tasks]
     setup_torch(cfg)
     if reused is not None:
         before = reused
