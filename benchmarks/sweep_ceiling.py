@@ -18,10 +18,12 @@ With trajectories files (`benchmarks/learning.py` writes `OUT/eval-*/<effort>/tr
 checks the patch-based count against what the sweeps printed (how often a sweep predicted to repair its
 task printed `fixed`, and how often one predicted not to did), then prints the table again with the
 repairs those episodes found another way added: a sweep that printed `fixed` in an episode the verifier
-passed. No model runs.
+passed. With `--mix`, it prints for each of those files the share its policy's exact sweeps would solve
+drawn k times from that policy's own mix (memoryless, on the repairs above): whether RL moved the mix
+toward sweeps that pay, apart from how many sweeps an attempt runs. No model runs.
 
     .venv/bin/python benchmarks/sweep_ceiling.py --split heldout --sweeps 4 8 12 16 20 \
-        --check runs/learn6-max/eval-trained/max/trajectories.jsonl
+        --check runs/learn6-max/eval-trained/max/trajectories.jsonl --mix
 """
 
 from __future__ import annotations
@@ -120,10 +122,13 @@ def main() -> None:
     ap.add_argument("--split", default="heldout")
     ap.add_argument("--sweeps", type=int, nargs="+", default=[4, 8, 12, 16, 20], help="values of k")
     ap.add_argument("--check", nargs="*", default=[], help="trajectories.jsonl files to check the prediction on")
+    ap.add_argument("--mix", action="store_true", help="the memoryless value of each --check file's sweep mix")
     args = ap.parse_args()
     missing = [p for p in args.check if not Path(p).is_file()]
     if missing:
         sys.exit(print(f"sweep_ceiling.py: no such trajectories file: {missing[0]}", file=sys.stderr) or 2)
+    if args.mix and not args.check:
+        sys.exit(print("sweep_ceiling.py: --mix needs --check files", file=sys.stderr) or 2)
     if any(k < 1 for k in args.sweeps):
         sys.exit(print("sweep_ceiling.py: --sweeps takes positive counts", file=sys.stderr) or 2)
     try:
@@ -139,6 +144,16 @@ def main() -> None:
         print(check(runs, by_id))
         union = {t: by_id[t] | repairs.get(t, set()) for t in by_id}
         table("with the repairs seen in passed episodes of these trajectories added", list(union.values()), n, args.sweeps)
+        if args.mix:
+            print("each file's mix of exact sweeps, drawn k times (memoryless):")
+            for path in args.check:
+                draws = Counter(pair for _, pair, _ in observed([path], commands)[0])
+                if not draws:
+                    print(f"  {path}: no exact sweeps")
+                    continue
+                q = np.array([draws[i] for i in range(n)], dtype=float) / sum(draws.values())
+                shares = "  ".join(f"k={k} {memoryless(list(union.values()), n, k, q):.1%}" for k in args.sweeps)
+                print(f"  {path}: {shares}")
 
 
 def table(title: str, sets: list[set[int]], n: int, ks: list[int]) -> None:
