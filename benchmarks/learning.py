@@ -12,7 +12,7 @@ both, and the two goals: held-out success up by >= 15 points at some effort leve
 >= 40% fewer turns than the base at equal or better success. Everything is kept under --out
 (results.json, the training run, the trajectories). Rerunning into the same --out resumes: the
 calibration, the base evaluation and the training run are reused (training continues from its latest
-checkpoint up to the config's steps).
+checkpoint until --minutes of training in all, the time of earlier invocations counted, or the config's steps).
 
 `--variant KEY=VALUE` (repeatable) overrides a config field for ablations, e.g.
 `--variant objective.baseline=mean`, `--variant objective.replay=false`, `--variant optim.kind=adamw`,

@@ -323,3 +323,13 @@ def test_training_shows_a_steps_rollouts_as_they_finish(base, tmp_path, capsys, 
     lines = capsys.readouterr().err.splitlines()
     counts = [line.split("rollouts=")[1] for line in lines if "step=1  rollouts=" in line]
     assert counts == [f"{i}/12" for i in range(1, 13)]
+
+
+def test_a_time_budget_counts_the_minutes_spent_before_a_resume(base, tmp_path):
+    cfg = quick(base, steps=2)
+    cfg.train.max_minutes = 1e-4  # the first step passes it
+    assert [r["step"] for r in train(cfg, tmp_path / "t")] == [1]
+    assert (tmp_path / "t" / "checkpoints" / "step-000001" / "trainer.json").is_file()
+    assert train(cfg, tmp_path / "t") == []  # resumed: the budget was spent before
+    cfg.train.max_minutes = 0.0
+    assert [r["step"] for r in train(cfg, tmp_path / "t")] == [2]

@@ -93,7 +93,7 @@ class TrainConfig:
     checkpoint_every: int = 1
     trajectories: str = "lite"  # RUN_DIR/trajectories.jsonl: "lite" (no kept sets), "full" or "none"
     threads: int = 1  # torch intra-op threads (0: torch's default); small models run fastest on one
-    max_minutes: float = 0.0  # stop (and checkpoint) after the step that passes this wall time (0: no limit)
+    max_minutes: float = 0.0  # stop (and checkpoint) after the step passing this wall time, resumes counted (0: none)
 
 
 @dataclass

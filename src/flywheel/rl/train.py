@@ -212,6 +212,14 @@ class Run:
             return []
         return [history_row(r, r["step"]) for r in map(json.loads, path.read_text().splitlines())]
 
+    def seconds_spent(self) -> float:
+        """The wall seconds of the steps so far (rollouts, updates, checkpoints), for a budget kept across resumes."""
+        path = self.out / "timings.jsonl"
+        if not path.exists():
+            return 0.0
+        rows = map(json.loads, path.read_text().splitlines())
+        return sum(t["rollout_s"] + t["update_s"] + t["checkpoint_s"] for t in rows)
+
     def append(self, name: str, rows: list[dict[str, Any]]) -> None:
         with (self.out / name).open("a") as f:
             for row in rows:
@@ -304,10 +312,13 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
     (run.out / "config.json").write_text(json.dumps({**to_dict(cfg), "lambdas": lambdas}, indent=1) + "\n")
     efforts = efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens, cfg.deterministic)
     rows = []
+    budget = 60 * cfg.train.max_minutes - run.seconds_spent()  # a resumed run has spent part of it already
     began = time.perf_counter()
     with progress("train", cfg.train.steps) as advance:
         advance(start)
         for step in range(start + 1, cfg.train.steps + 1):
+            if cfg.train.max_minutes > 0 and budget <= 0:
+                break
             t0 = time.perf_counter()
             pool = curated(tasks, history, cfg, step)
             batch = renamed_batch(batch_for(pool, cfg, step), cfg, step, run.out / "tasks")
@@ -331,7 +342,7 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
             if cfg.train.trajectories != "none":
                 keep = (lambda r: r) if cfg.train.trajectories == "full" else lite
                 run.append("trajectories.jsonl", [{**keep(r), "step": step, "rl": s} for r, s in zip(records, scores, strict=True)])
-            out_of_time = cfg.train.max_minutes > 0 and time.perf_counter() - began > 60 * cfg.train.max_minutes
+            out_of_time = cfg.train.max_minutes > 0 and time.perf_counter() - began > budget
             if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps or out_of_time:
                 run.checkpoint(trainer, step)
             run.append("timings.jsonl", [{"step": step, "rollout_s": round(t1 - t0, 2), "update_s": round(t2 - t1, 2),
