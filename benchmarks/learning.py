@@ -13,6 +13,8 @@ both, and the two goals: held-out success up by >= 15 points at some effort leve
 (results.json, the training run, the trajectories). Rerunning into the same --out resumes: the
 calibration, the base evaluation and the training run are reused (training continues from its latest
 checkpoint until --minutes of training in all, the time of earlier invocations counted, or the config's steps).
+results.json's `train_minutes` is the training steps' wall time over all invocations; `invocation_minutes`
+is this invocation's, evaluations included.
 
 `--variant KEY=VALUE` (repeatable) overrides a config field for ablations, e.g.
 `--variant objective.baseline=mean`, `--variant objective.replay=false`, `--variant optim.kind=adamw`,
@@ -168,11 +170,11 @@ def main() -> None:
     timings = [json.loads(line) for line in (out / "train" / "timings.jsonl").read_text().splitlines()]
     seconds = sum(t["rollout_s"] + t["update_s"] + t["checkpoint_s"] for t in timings)
     result = {"variant": args.variant, "steps": len(rows), "train_minutes": round(seconds / 60, 1),
-              "total_minutes": round((time.perf_counter() - t0) / 60, 1), "base": before, "trained": after,
+              "invocation_minutes": round((time.perf_counter() - t0) / 60, 1), "base": before, "trained": after,
               "goals": goals(before, after), "training": training_trend(rows)}
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     print(table(before, after))
-    print(json.dumps({k: result[k] for k in ("variant", "steps", "train_minutes", "total_minutes", "goals", "training")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("variant", "steps", "train_minutes", "invocation_minutes", "goals", "training")}, indent=1))
 
 
 if __name__ == "__main__":
