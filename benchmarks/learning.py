@@ -107,7 +107,7 @@ def main() -> None:
     from flywheel.errors import FlywheelError
     from flywheel.rl.config import load_config
     from flywheel.rl.measure import evaluate_policy, run_calibration
-    from flywheel.rl.train import load_engine, load_heldout, load_tasks, setup_torch, train
+    from flywheel.rl.train import Run, load_engine, load_heldout, load_tasks, setup_torch, train
 
     out = Path(args.out)
     try:
@@ -167,9 +167,7 @@ def main() -> None:
     latest = sorted((out / "train" / "checkpoints").glob("step-*"))[-1]
     engine = load_engine(cfg, f"hf:{latest}")
     after = evaluate_policy(engine, heldout, cfg, out / "eval-trained")
-    timings = [json.loads(line) for line in (out / "train" / "timings.jsonl").read_text().splitlines()]
-    seconds = sum(t["rollout_s"] + t["update_s"] + t["checkpoint_s"] for t in timings)
-    result = {"variant": args.variant, "steps": len(rows), "train_minutes": round(seconds / 60, 1),
+    result = {"variant": args.variant, "steps": len(rows), "train_minutes": round(Run(out / "train").seconds_spent() / 60, 1),
               "invocation_minutes": round((time.perf_counter() - t0) / 60, 1), "base": before, "trained": after,
               "goals": goals(before, after), "training": training_trend(rows)}
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
