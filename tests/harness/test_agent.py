@@ -66,6 +66,35 @@ def test_variants_of_an_episode_have_their_own_ids_and_draw_the_same_random_numb
     assert other[0] != short[0]
 
 
+def test_cohorts_take_turns_and_run_the_same_episodes_as_lockstep(clamp_task):
+    """Two cohorts: each generate call holds one cohort's episodes, and every episode does what it did in
+    the lockstep loop; episodes that end make room for pending ones in their cohort."""
+
+    class Recording(ScriptedModel):
+        def __init__(self):
+            super().__init__(noisy=True)
+            self.batches = []
+
+        def generate(self, requests):
+            self.batches.append([r.meta["episode"] for r in requests])
+            return super().generate(requests)
+
+    specs = [EpisodeSpec(clamp_task, get_effort("max"), seed=s) for s in range(5)]
+    runs = {}
+    for n in (1, 2):
+        model = Recording()
+        recs = run_episodes(specs, model, cfg=HarnessConfig(cohorts=n), concurrency=4)
+        runs[n] = (sorted(recs, key=lambda r: r["id"]), model.batches)
+    (lockstep, one_batches), (cohorts, two_batches) = runs[1], runs[2]
+    assert [r["id"] for r in cohorts] == [s.id for s in specs]
+    assert [[t["text"] for t in r["turns"]] for r in cohorts] == [[t["text"] for t in r["turns"]] for r in lockstep]
+    assert [r["success"] for r in cohorts] == [r["success"] for r in lockstep]
+    assert max(map(len, one_batches)) == 4 and max(map(len, two_batches)) == 2
+    first, second = set(two_batches[0]), set(two_batches[1])
+    assert first.isdisjoint(second) and len(first | second) == 4  # the first four, two to a cohort
+    assert len({r["n_turns"] for r in lockstep}) > 1  # the episodes differ, so the comparison means something
+
+
 def test_cost_is_priced_from_usage_and_compute_time(clamp_task):
     price = Pricing(prompt_per_m=1e6, completion_per_m=2e6, per_second=0.0)
     rec = run(clamp_task, FakeModel(text("<submit/>", tokens=7)), cfg=HarnessConfig(pricing=price))

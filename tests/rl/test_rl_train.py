@@ -333,3 +333,16 @@ def test_a_time_budget_counts_the_minutes_spent_before_a_resume(base, tmp_path):
     assert train(cfg, tmp_path / "t") == []  # resumed: the budget was spent before
     cfg.train.max_minutes = 0.0
     assert [r["step"] for r in train(cfg, tmp_path / "t")] == [2]
+
+
+def test_torch_threads_sets_the_count_inside_the_block_and_restores_it():
+    import torch
+
+    from flywheel.rl.train import torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(before + 1):
+        assert torch.get_num_threads() == before + 1
+    assert torch.get_num_threads() == before
+    with torch_threads(0):
+        assert torch.get_num_threads() == before

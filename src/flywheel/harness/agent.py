@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,7 @@ class HarnessConfig:
     policy_version: int = 0
     pricing: Pricing | None = None  # None: by model name (flywheel.harness.cost.PRICES)
     observation_chars: int = 4000  # longest observation kept in the conversation
+    cohorts: int = 1  # groups of episodes that take turns, one generating while another's tools run
 
 
 @dataclass
@@ -352,7 +353,8 @@ def run_episodes(
 ) -> list[dict[str, Any]]:
     """Run every episode to its ending, `concurrency` at a time; records in completion order.
 
-    `grader` defaults to the shared verifier (`flywheel.verify.grade`) on the same sandbox.
+    `grader` defaults to the shared verifier (`flywheel.verify.grade`) on the same sandbox. With
+    `cfg.cohorts` > 1 the active episodes form that many fixed cohorts that take turns (`_cohort_turns`).
     """
     from flywheel.sandbox import get_sandbox
     from flywheel.verify import detect, grade
@@ -361,23 +363,49 @@ def run_episodes(
     sandbox = sandbox or get_sandbox()
     grader = grader or (lambda task, ws, traj: grade(task, ws, sandbox=sandbox, detector=lambda t, w: detect(t, w, traj)))
     action_format = _fmt(model, cfg)
-    pending, active, records = deque(specs), [], []
-    with ThreadPoolExecutor(max(2, concurrency)) as pool:
-        while pending or active:
-            while pending and len(active) < concurrency:
+    n = max(1, cfg.cohorts)
+    size = -(-min(concurrency, len(specs)) // n) if specs else 1  # the same share of the first episodes each
+    pending, cohorts, records = deque(specs), [[] for _ in range(n)], []
+    jobs: list[Future | None] = [None] * n
+
+    def act(group: list[Episode], completions: list[Completion], shares: list[float]) -> list[dict[str, Any]]:
+        list(pool.map(lambda a: observe(a[0], a[1], a[2], cfg), zip(group, completions, shares, strict=True)))
+        return list(pool.map(lambda ep: finish(ep, cfg, grader), [ep for ep in group if ep.ending]))
+
+    with ThreadPoolExecutor(max(2, concurrency)) as pool, ThreadPoolExecutor(n) as turns:
+        for k in _cohort_turns(n):
+            if jobs[k] is not None:
+                for record in jobs[k].result():
+                    records.append(record)
+                    if on_record:
+                        on_record(record)
+                jobs[k] = None
+                cohorts[k] = [ep for ep in cohorts[k] if not ep.ending]
+            while pending and len(cohorts[k]) < size:
                 ep = start_episode(pending.popleft(), sandbox, action_format, cfg)
                 ep.model_name = model.name
-                active.append(ep)
-            t0 = time.perf_counter()
-            completions = model.generate([make_request(ep, cfg) for ep in active])
-            gen_s = time.perf_counter() - t0
-            total = sum(max(c.completion_tokens, 1) for c in completions)
-            shares = [gen_s * max(c.completion_tokens, 1) / total for c in completions]
-            list(pool.map(lambda a: observe(a[0], a[1], a[2], cfg), zip(active, completions, shares, strict=True)))
-            done = [ep for ep in active if ep.ending]
-            active = [ep for ep in active if not ep.ending]
-            for record in pool.map(lambda ep: finish(ep, cfg, grader), done):
-                records.append(record)
-                if on_record:
-                    on_record(record)
+                cohorts[k].append(ep)
+            if cohorts[k]:
+                t0 = time.perf_counter()
+                completions = model.generate([make_request(ep, cfg) for ep in cohorts[k]])
+                gen_s = time.perf_counter() - t0
+                total = sum(max(c.completion_tokens, 1) for c in completions)
+                shares = [gen_s * max(c.completion_tokens, 1) / total for c in completions]
+                jobs[k] = turns.submit(act, cohorts[k], completions, shares)
+            elif not pending and not any(cohorts):
+                break
     return records
+
+
+def _cohort_turns(n: int):
+    """Cohort 0, 1, …, n-1, 0, 1, … without end: at its turn a cohort collects what its tools did last time
+    (records of the episodes that ended, graded), refills from the pending episodes, and sends one batched
+    generate call whose actions then run in the background while the next cohorts take their turns.
+
+    With one cohort this is the lockstep loop: generate, act, generate. With two, the model generates for
+    one cohort while the other's tools run, so on a small machine the cores the sandboxed commands leave
+    idle serve the model and the other way round. Each episode sees the same calls in the same order
+    either way, and which cohort an episode joins is fixed by the order episodes start, so a run with
+    seeded requests is as reproducible as before; the model only sees smaller batches."""
+    while True:
+        yield from range(n)

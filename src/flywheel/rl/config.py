@@ -49,6 +49,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 0.95
     concurrency: int = 24  # episodes stepped together (one batched generate call per step)
+    cohorts: int = 1  # groups of those that take turns: one generates while another's tools run
     observation_chars: int = 1500  # longest tool output kept in the conversation
     max_turns: dict[str, int] = field(default_factory=dict)  # per-effort override of the turn budget
     max_tokens: dict[str, int] = field(default_factory=dict)  # per-effort override of the token budget
@@ -93,6 +94,7 @@ class TrainConfig:
     checkpoint_every: int = 1
     trajectories: str = "lite"  # RUN_DIR/trajectories.jsonl: "lite" (no kept sets), "full" or "none"
     threads: int = 1  # torch intra-op threads (0: torch's default); small models run fastest on one
+    update_threads: int = 0  # threads for scoring and the optimizer step, which have the cores to themselves (0: `threads`)
     max_minutes: float = 0.0  # stop (and checkpoint) after the step passing this wall time, resumes counted (0: none)
 
 

@@ -28,6 +28,7 @@ import json
 import random
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,18 @@ def setup_torch(cfg: RunConfig) -> None:
         torch.use_deterministic_algorithms(True)
 
 
+@contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads set to `n` inside the block (0: left as they are)."""
+    before = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def load_tasks(cfg: RunConfig, split: str | None = None, limit: int | None = None):
     from flywheel.tasks import load_suite
 
@@ -172,7 +185,7 @@ def harness_config(cfg: RunConfig, version: int):
 
     r = cfg.rollout
     return HarnessConfig(action_format="tagged", temperature=r.temperature, top_p=r.top_p,
-                         observation_chars=r.observation_chars, policy_version=version)
+                         observation_chars=r.observation_chars, policy_version=version, cohorts=r.cohorts)
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -332,8 +345,9 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
                 if r["task_id"] in origin:
                     r["renamed_from"] = origin[r["task_id"]]
             t1 = time.perf_counter()
-            scores = trainer.scores(records, step)
-            metrics = trainer.step(records, scores)
+            with torch_threads(cfg.train.update_threads):
+                scores = trainer.scores(records, step)
+                metrics = trainer.step(records, scores)
             metrics["eligible_tasks"] = float(len(pool))
             history += [history_row(r, step) for r in records]
             t2 = time.perf_counter()
