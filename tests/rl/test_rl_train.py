@@ -119,6 +119,8 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
                          ("[model]\npath = '/nope'\n", "[model] path"), ("[optim]\nkind = 'sgd'\n", "[optim] kind"),
                          ("[objective]\npack_tokens = 0\n", "[objective] pack_tokens"),
                          ("[tasks]\nrename = 2\n", "[tasks] rename"),
+                         ("[rollout]\ncohorts = 0\n", "[rollout] cohorts"),
+                         ("[train]\nupdate_threads = -1\n", "[train] update_threads"),
                          ("[reward]\nlength_penalty = -0.1\n", "[reward] length_penalty"),
                          ("[reward]\nlength_budget = { turbo = 3 }\n", "[reward] length_budget"),
                          ("[reward]\nlength_scope = 'some'\n", "[reward] length_scope")]:

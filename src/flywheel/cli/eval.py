@@ -18,6 +18,9 @@ def eval_(
     effort: str = typer.Option("medium", "--effort", help="Effort level: medium, high or max."),
     limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N tasks (0: all)."),
     concurrency: int = typer.Option(8, "--concurrency", min=1, help="Episodes run at once."),
+    cohorts: int = typer.Option(1, "--cohorts", min=1,
+                                help="Groups of those episodes that take turns: one generates while the others' "
+                                     "commands run (1: all step together)."),
     base_url: str = typer.Option(None, "--base-url", help="Server URL for openai:NAME models."),
     temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling temperature."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Top-p (nucleus) sampling."),
@@ -41,7 +44,7 @@ def eval_(
         from flywheel.rl.sft import trained_harness
 
         learned = trained_harness(model)
-    cfg = HarnessConfig(temperature=temperature, top_p=top_p, **learned)
+    cfg = HarnessConfig(temperature=temperature, top_p=top_p, cohorts=cohorts, **learned)
     wins = []
     with progress(f"eval {model}", len(tasks)) as advance:
 

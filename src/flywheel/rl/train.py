@@ -86,11 +86,13 @@ def check(cfg: RunConfig) -> None:
         raise FlywheelError("[objective] baseline must be 'length_weighted' or 'mean'")
     if cfg.optim.kind not in ("muon", "adamw"):
         raise FlywheelError("[optim] kind must be 'muon' or 'adamw'")
-    for key in ("tasks_per_step", "group_size", "concurrency"):
+    for key in ("tasks_per_step", "group_size", "concurrency", "cohorts"):
         if getattr(cfg.rollout, key) < 1:
             raise FlywheelError(f"[rollout] {key} must be >= 1")
     if cfg.objective.pack_tokens < 1 or cfg.objective.batch_tokens < 1:
         raise FlywheelError("[objective] pack_tokens and batch_tokens must be >= 1")
+    if cfg.train.update_threads < 0:
+        raise FlywheelError("[train] update_threads must be >= 0 (0: as `threads`)")
     if cfg.train.steps < 0 or cfg.train.checkpoint_every < 1:
         raise FlywheelError("[train] steps must be >= 0 and checkpoint_every >= 1")
     if not 0 <= cfg.tasks.rename <= 1:
