@@ -3,7 +3,8 @@
 Each episode owns a workspace (a copy of the task's repository), a conversation and its budgets. At every
 step the active episodes' requests go to the model in one `generate` call (the in-process engine batches
 them on its KV cache; the HTTP backend sends them concurrently); each completion is parsed into an action
-and executed, tools running in parallel threads. An episode ends with a typed ending (`ENDINGS`) and is
+and executed, tools running in parallel threads. With `cohorts` > 1 the active episodes take turns in
+fixed groups, so that the model generates for one group while another's tools run. An episode ends with a typed ending (`ENDINGS`) and is
 graded by the shared verifier; its trajectory record is complete even when the attempt failed or the
 model errored.
 
@@ -364,7 +365,8 @@ def run_episodes(
     grader = grader or (lambda task, ws, traj: grade(task, ws, sandbox=sandbox, detector=lambda t, w: detect(t, w, traj)))
     action_format = _fmt(model, cfg)
     n = max(1, cfg.cohorts)
-    size = -(-min(concurrency, len(specs)) // n) if specs else 1  # the same share of the first episodes each
+    base, extra = divmod(min(concurrency, len(specs)), n)
+    sizes = [base + (k < extra) for k in range(n)]  # `concurrency` in all, as evenly as it splits
     pending, cohorts, records = deque(specs), [[] for _ in range(n)], []
     jobs: list[Future | None] = [None] * n
 
@@ -381,7 +383,7 @@ def run_episodes(
                         on_record(record)
                 jobs[k] = None
                 cohorts[k] = [ep for ep in cohorts[k] if not ep.ending]
-            while pending and len(cohorts[k]) < size:
+            while pending and len(cohorts[k]) < sizes[k]:
                 ep = start_episode(pending.popleft(), sandbox, action_format, cfg)
                 ep.model_name = model.name
                 cohorts[k].append(ep)
