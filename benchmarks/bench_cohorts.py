@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/bench_cohorts.py --base runs/base-sweep6 [--cohorts 1 2] [--rounds 2]
 
-One training step's rollouts as `configs/learn-sweep.toml` runs them at max effort (4 train tasks × 8
-attempts, 20 turns, the engine on one thread) through the real harness, sandbox and grader, once per
+One training step's rollouts as `--config` (default `configs/learn-sweep.toml`) runs them, at one effort
+level (4 train tasks × 8 attempts at max by default, the engine on one thread) through the real harness,
+sandbox and grader, once per
 cohort count and round, alternating, each on a freshly loaded engine (so no run reuses another's prefix
 cache). Requests are seeded, so every setting samples the same actions (up to float differences between
 batch shapes): the turn counts printed beside each run show it. Reported: wall seconds per run, and the
@@ -13,6 +14,7 @@ ratio of each setting's median to the first setting's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -20,16 +22,17 @@ from pathlib import Path
 
 import torch
 
-from flywheel.harness import HarnessConfig
 from flywheel.models.torch_engine import load_torch_model
+from flywheel.rl.config import RunConfig, load_config
 from flywheel.rl.rollout import efforts_for, make_specs, rollout
-from flywheel.rl.train import model_spec
+from flywheel.rl.train import harness_config, model_spec
 from flywheel.tasks import load_suite
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="the policy directory (from `flywheel sft`)")
+    ap.add_argument("--config", default="configs/learn-sweep.toml", help="the run config whose rollouts are timed")
     ap.add_argument("--suite", default="toybugs")
     ap.add_argument("--split", default="train")
     ap.add_argument("--tasks", type=int, default=4)
@@ -43,19 +46,21 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
+    run = load_config(args.config, RunConfig)
+    r = run.rollout
     tasks = load_suite(args.suite, split=args.split)[: args.tasks]
-    specs = make_specs(tasks, efforts_for([args.effort], {args.effort: 20}, {args.effort: 3000}), args.group, args.seed)
+    specs = make_specs(tasks, efforts_for([args.effort], r.max_turns, r.max_tokens), args.group, args.seed)
     walls: dict[int, list[float]] = {n: [] for n in args.cohorts}
-    for r in range(args.rounds):
+    for rnd in range(args.rounds):
         for n in args.cohorts:
-            engine = load_torch_model(model_spec(args.base), max_context=2048, seed=args.seed)
-            cfg = HarnessConfig(action_format="tagged", top_p=0.95, observation_chars=2500, cohorts=n)
+            engine = load_torch_model(model_spec(args.base), max_context=run.model.max_context, seed=args.seed)
+            cfg = dataclasses.replace(harness_config(run, 0), cohorts=n)
             t0 = time.perf_counter()
-            records = rollout(engine, specs, cfg, concurrency=48)
+            records = rollout(engine, specs, cfg, concurrency=r.concurrency)
             walls[n].append(time.perf_counter() - t0)
             turns = sum(rec["n_turns"] for rec in records)
             solved = sum(rec["success"] for rec in records)
-            print(f"round {r + 1}  cohorts {n}  {walls[n][-1]:6.1f} s  turns {turns}  solved {solved}/{len(records)}",
+            print(f"round {rnd + 1}  cohorts {n}  {walls[n][-1]:6.1f} s  turns {turns}  solved {solved}/{len(records)}",
                   flush=True)
     first = statistics.median(walls[args.cohorts[0]])
     rows = {n: {"median_s": round(statistics.median(w), 2), "ratio": round(statistics.median(w) / first, 3)}

@@ -4,9 +4,9 @@ Each episode owns a workspace (a copy of the task's repository), a conversation 
 step the active episodes' requests go to the model in one `generate` call (the in-process engine batches
 them on its KV cache; the HTTP backend sends them concurrently); each completion is parsed into an action
 and executed, tools running in parallel threads. With `cohorts` > 1 the active episodes take turns in
-fixed groups, so that the model generates for one group while another's tools run. An episode ends with a typed ending (`ENDINGS`) and is
-graded by the shared verifier; its trajectory record is complete even when the attempt failed or the
-model errored.
+fixed groups, so that the model generates for one group while another's tools run. An episode ends with a
+typed ending (`ENDINGS`) and is graded by the shared verifier; its trajectory record is complete even when
+the attempt failed or the model errored.
 
 Cost is counted per episode from its own usage: prompt and completion tokens, and its compute seconds —
 the time its tools took plus its share of each batched generation call (by completion tokens), so that
@@ -17,6 +17,7 @@ waited.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import tempfile
@@ -354,8 +355,17 @@ def run_episodes(
 ) -> list[dict[str, Any]]:
     """Run every episode to its ending, `concurrency` at a time; records in completion order.
 
-    `grader` defaults to the shared verifier (`flywheel.verify.grade`) on the same sandbox. With
-    `cfg.cohorts` > 1 the active episodes form that many fixed cohorts that take turns (`_cohort_turns`).
+    `grader` defaults to the shared verifier (`flywheel.verify.grade`) on the same sandbox.
+
+    The active episodes form `cfg.cohorts` fixed cohorts that take turns, 0, 1, …, n-1, 0, …: at its turn
+    a cohort collects what its tools did last time (records of the episodes that ended, graded), refills
+    from the pending episodes, and sends one batched generate call whose actions then run in the
+    background while the next cohorts take theirs. With one cohort this is the lockstep loop: generate,
+    act, generate. With two, the model generates for one cohort while the other's tools run, so on a small
+    machine the cores the sandboxed commands leave idle serve the model and the other way round. Each
+    episode sees the same calls in the same order either way, and an episode's cohort is fixed by the
+    order episodes start, so a run with seeded requests is as reproducible as before; the model only sees
+    smaller batches.
     """
     from flywheel.sandbox import get_sandbox
     from flywheel.verify import detect, grade
@@ -375,7 +385,7 @@ def run_episodes(
         return list(pool.map(lambda ep: finish(ep, cfg, grader), [ep for ep in group if ep.ending]))
 
     with ThreadPoolExecutor(max(2, concurrency)) as pool, ThreadPoolExecutor(n) as turns:
-        for k in _cohort_turns(n):
+        for k in itertools.cycle(range(n)):
             if jobs[k] is not None:
                 for record in jobs[k].result():
                     records.append(record)
@@ -397,17 +407,3 @@ def run_episodes(
             elif not pending and not any(cohorts):
                 break
     return records
-
-
-def _cohort_turns(n: int):
-    """Cohort 0, 1, …, n-1, 0, 1, … without end: at its turn a cohort collects what its tools did last time
-    (records of the episodes that ended, graded), refills from the pending episodes, and sends one batched
-    generate call whose actions then run in the background while the next cohorts take their turns.
-
-    With one cohort this is the lockstep loop: generate, act, generate. With two, the model generates for
-    one cohort while the other's tools run, so on a small machine the cores the sandboxed commands leave
-    idle serve the model and the other way round. Each episode sees the same calls in the same order
-    either way, and which cohort an episode joins is fixed by the order episodes start, so a run with
-    seeded requests is as reproducible as before; the model only sees smaller batches."""
-    while True:
-        yield from range(n)
