@@ -86,3 +86,11 @@ def test_config_checks():
         config_from_dict({"model": "hf:x", "poolz": 2})
     with pytest.raises(FlywheelError, match="unknown effort"):
         check_config(LoopConfig(model="hf:x", efforts=["huge"]))
+    with pytest.raises(FlywheelError, match="budgets` names effort 'max'"):
+        check_config(LoopConfig(model="hf:x", budgets={"max": {"max_turns": 3}}))
+    with pytest.raises(FlywheelError, match="not an effort budget.*max_turnz"):
+        check_config(LoopConfig(model="hf:x", budgets={"medium": {"max_turnz": 3}}))
+    with pytest.raises(FlywheelError, match="cohorts"):
+        check_config(LoopConfig(model="hf:x", cohorts=0))
+    with pytest.raises(FlywheelError, match="action_format"):
+        check_config(LoopConfig(model="hf:x", action_format="json"))

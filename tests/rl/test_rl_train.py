@@ -10,7 +10,7 @@ import pytest
 from flywheel.errors import FlywheelError
 from flywheel.rl.config import RunConfig, load_config
 from flywheel.rl.sft import SftConfig, encode, messages_of, render_with_spans, run_sft
-from flywheel.rl.train import train
+from flywheel.rl.train import Run, train
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,7 +123,9 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
                          ("[train]\nupdate_threads = -1\n", "[train] update_threads"),
                          ("[reward]\nlength_penalty = -0.1\n", "[reward] length_penalty"),
                          ("[reward]\nlength_budget = { turbo = 3 }\n", "[reward] length_budget"),
-                         ("[reward]\nlength_scope = 'some'\n", "[reward] length_scope")]:
+                         ("[reward]\nlength_scope = 'some'\n", "[reward] length_scope"),
+                         ("[loop]\nbackend = 'local'\n[train]\nmax_minutes = 5\n", "[train] max_minutes"),
+                         ("[loop]\nbackend = 'local'\n[tasks]\nrecurate_every = 2\n", "[tasks] recurate_every")]:
         bad.write_text(body)
         with pytest.raises(SystemExit) as exit_:
             main(["train", str(bad), "--out", str(tmp_path / "r")])
@@ -335,6 +337,33 @@ def test_a_time_budget_counts_the_minutes_spent_before_a_resume(base, tmp_path):
     assert train(cfg, tmp_path / "t") == []  # resumed: the budget was spent before
     cfg.train.max_minutes = 0.0
     assert [r["step"] for r in train(cfg, tmp_path / "t")] == [2]
+
+
+def test_a_time_budget_starts_no_step_that_would_end_past_it(base, tmp_path):
+    cfg = quick(base, steps=2)
+    assert [r["step"] for r in train(cfg, tmp_path / "t")] == [1, 2]  # no budget; their timings kept
+    spent = Run(tmp_path / "t").step_seconds()
+    cfg.train.steps = 3
+    cfg.train.max_minutes = (sum(spent) + 0.5 * max(spent)) / 60  # room for half of the longest step
+    assert train(cfg, tmp_path / "t") == []
+    cfg.train.max_minutes = (sum(spent) + 100 * max(spent)) / 60
+    assert [r["step"] for r in train(cfg, tmp_path / "t")] == [3]
+
+
+def test_a_loop_backend_runs_episodes_under_the_run_configs_budgets(base, tmp_path):
+    from flywheel.rl.train import loop_config
+
+    cfg = quick(base, steps=1)
+    cfg.rollout.max_turns = {"medium": 1, "high": 1, "max": 2}
+    cfg.rollout.observation_chars, cfg.rollout.cohorts = 300, 2
+    cfg.loop = {"backend": "local", "pools": 1}
+    lcfg = loop_config(cfg)
+    assert (lcfg.observation_chars, lcfg.cohorts, lcfg.action_format) == (300, 2, "tagged")
+    assert lcfg.budgets["max"]["max_turns"] == 2 and lcfg.budgets["medium"]["max_tokens"] == 300
+    assert [r["version"] for r in train(cfg, tmp_path / "run")] == [1]
+    records = [json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
+    assert len(records) == 12 and {r["action_format"] for r in records} == {"tagged"}
+    assert all(r["n_turns"] <= cfg.rollout.max_turns[r["effort"]] for r in records)  # not the defaults, 10/20/40
 
 
 def test_torch_threads_sets_the_count_inside_the_block_and_restores_it():

@@ -23,6 +23,10 @@ class LoopConfig:
     samples: int = 2  # samples per group (the group the trainer's baseline compares within)
     efforts: list[str] = field(default_factory=lambda: ["medium"])  # cycled over the groups
     effort_overrides: dict[str, Any] = field(default_factory=dict)  # budgets, e.g. {"max_turns": 4}
+    budgets: dict[str, dict[str, Any]] = field(default_factory=dict)  # per effort, over those: {"max": {"max_turns": 20}}
+    observation_chars: int = 4000  # longest observation kept in an episode's conversation
+    action_format: str = "auto"  # the harness's: "tagged", "native", or "auto"
+    cohorts: int = 1  # groups of a pool batch's episodes that take turns generating (see run_episodes)
     temperature: float = 1.0
     top_p: float = 1.0
     max_staleness: int = 1  # k: a record generated at version v is used at trainer version <= v + k
@@ -70,6 +74,8 @@ def check_config(cfg: LoopConfig) -> None:
         "samples",
         "anchor_every",
         "publish_attempts",
+        "observation_chars",
+        "cohorts",
     )
     for name in positive:
         if int(getattr(cfg, name)) < 1:
@@ -78,10 +84,23 @@ def check_config(cfg: LoopConfig) -> None:
         raise FlywheelError(f"loop: `max_staleness` must be >= 0, got {cfg.max_staleness}")
     if not cfg.efforts:
         raise FlywheelError("loop: `efforts` must name at least one effort level")
+    if cfg.action_format not in ("tagged", "native", "auto"):
+        raise FlywheelError(f"loop: `action_format` must be 'tagged', 'native' or 'auto', got '{cfg.action_format}'")
+    for name in cfg.efforts:
+        effort_of(cfg, name)
+    for name in cfg.budgets:
+        if name not in cfg.efforts:
+            raise FlywheelError(f"loop: `budgets` names effort '{name}', which is not in `efforts`")
+
+
+def effort_of(cfg: Any, name: str):
+    """Effort `name` with `effort_overrides`, then its own `budgets` (cfg: a LoopConfig or PoolSpec)."""
     from flywheel.harness import get_effort
 
-    for name in cfg.efforts:
-        get_effort(name, **cfg.effort_overrides)
+    try:
+        return get_effort(name, **{**cfg.effort_overrides, **cfg.budgets.get(name, {})})
+    except TypeError as e:  # dataclasses.replace names the unknown field
+        raise FlywheelError(f"loop: not an effort budget in `effort_overrides` or `budgets`: {e}") from None
 
 
 def config_from_dict(data: dict[str, Any]) -> LoopConfig:

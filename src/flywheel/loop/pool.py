@@ -45,6 +45,10 @@ class PoolSpec:
     temperature: float = 1.0
     top_p: float = 1.0
     effort_overrides: dict[str, Any] = field(default_factory=dict)
+    budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    observation_chars: int = 4000
+    action_format: str = "auto"
+    cohorts: int = 1
     max_context: int | None = None
     torch_threads: int = 1
     grader: str | None = None
@@ -140,7 +144,8 @@ class Pool:
 
     def run(self, items: Sequence[WorkItem], emit: Callable[[str, Any], None]) -> dict[str, Any]:
         """Generate `items` as one batch; `emit("started", ...)`, then `emit("record", r)` per episode."""
-        from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort, run_episodes
+        from flywheel.harness import EpisodeSpec, HarnessConfig, run_episodes
+        from flywheel.loop.config import effort_of
 
         self.between_batches(min(it.min_version for it in items))
         if self.sub.version is None:
@@ -148,13 +153,10 @@ class Pool:
         self.sub.prefetch()
         version = int(self.sub.version)
         emit("started", {"ids": [it.id for it in items], "version": version, "pid": os.getpid()})
-        specs = [
-            EpisodeSpec(
-                it.task, get_effort(it.effort, **self.spec.effort_overrides), seed=it.seed, index=it.index
-            )
-            for it in items
-        ]
-        cfg = HarnessConfig(policy_version=version, temperature=self.spec.temperature, top_p=self.spec.top_p)
+        specs = [EpisodeSpec(it.task, effort_of(self.spec, it.effort), seed=it.seed, index=it.index) for it in items]
+        s = self.spec
+        cfg = HarnessConfig(policy_version=version, temperature=s.temperature, top_p=s.top_p,
+                            observation_chars=s.observation_chars, action_format=s.action_format, cohorts=s.cohorts)
 
         def on_record(record: dict[str, Any]) -> None:
             record["pool"] = self.spec.pool_id

@@ -95,7 +95,7 @@ class TrainConfig:
     trajectories: str = "lite"  # RUN_DIR/trajectories.jsonl: "lite" (no kept sets), "full" or "none"
     threads: int = 1  # torch intra-op threads (0: torch's default); small models run fastest on one
     update_threads: int = 0  # threads for scoring and the optimizer step, which have the cores to themselves (0: `threads`)
-    max_minutes: float = 0.0  # stop (and checkpoint) after the step passing this wall time, resumes counted (0: none)
+    max_minutes: float = 0.0  # wall-time budget: no step starts that would end past it (0: none)
 
 
 @dataclass

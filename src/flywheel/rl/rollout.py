@@ -40,15 +40,18 @@ def efforts_for(names: Sequence[str], max_turns: dict[str, int] | None = None,
     `deterministic` lifts the wall-time and dollar budgets, which depend on measured seconds and so
     cannot end an episode at the same point twice; turn and token budgets still apply.
     """
-    out = []
-    for name in names:
-        overrides: dict[str, Any] = {"wall_s": math.inf, "max_cost": math.inf} if deterministic else {}
-        if max_turns and name in max_turns:
-            overrides["max_turns"] = int(max_turns[name])
-        if max_tokens and name in max_tokens:
-            overrides["max_tokens"] = int(max_tokens[name])
-        out.append(get_effort(name, **overrides))
-    return out
+    return [get_effort(name, **budget_overrides(name, max_turns, max_tokens, deterministic)) for name in names]
+
+
+def budget_overrides(name: str, max_turns: dict[str, int] | None = None, max_tokens: dict[str, int] | None = None,
+                     deterministic: bool = False) -> dict[str, Any]:
+    """The budgets of effort `name` that differ from its defaults (see `efforts_for`)."""
+    overrides: dict[str, Any] = {"wall_s": math.inf, "max_cost": math.inf} if deterministic else {}
+    if max_turns and name in max_turns:
+        overrides["max_turns"] = int(max_turns[name])
+    if max_tokens and name in max_tokens:
+        overrides["max_tokens"] = int(max_tokens[name])
+    return overrides
 
 
 def make_specs(tasks: Sequence[Task], efforts: Sequence[Effort], group_size: int, seed: int) -> list[EpisodeSpec]:

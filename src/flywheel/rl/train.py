@@ -227,13 +227,15 @@ class Run:
             return []
         return [history_row(r, r["step"]) for r in map(json.loads, path.read_text().splitlines())]
 
-    def seconds_spent(self) -> float:
-        """The wall seconds of the steps so far (rollouts, updates, checkpoints), for a budget kept across resumes."""
+    def step_seconds(self) -> list[float]:
+        """The wall seconds of each step so far (rollouts, update, checkpoint), for a budget kept across resumes."""
         path = self.out / "timings.jsonl"
         if not path.exists():
-            return 0.0
-        rows = map(json.loads, path.read_text().splitlines())
-        return sum(t["rollout_s"] + t["update_s"] + t["checkpoint_s"] for t in rows)
+            return []
+        return [t["rollout_s"] + t["update_s"] + t["checkpoint_s"] for t in map(json.loads, path.read_text().splitlines())]
+
+    def seconds_spent(self) -> float:
+        return sum(self.step_seconds())
 
     def append(self, name: str, rows: list[dict[str, Any]]) -> None:
         with (self.out / name).open("a") as f:
@@ -275,12 +277,15 @@ def make_trainer(cfg: RunConfig):
 def loop_config(cfg: RunConfig):
     """The distributed loop's config: the run's settings, then the `[loop]` table's own keys."""
     from flywheel.loop.config import config_from_dict
+    from flywheel.rl.rollout import budget_overrides
 
-    r = cfg.rollout
+    r, h = cfg.rollout, harness_config(cfg, 0)  # the pools run episodes as the inline loop does
+    budgets = {e: budget_overrides(e, r.max_turns, r.max_tokens, cfg.deterministic) for e in r.efforts}
     base = {"model": model_spec(cfg.model.path), "steps": cfg.train.steps, "efforts": list(r.efforts),
             "samples": r.group_size, "groups_per_step": r.tasks_per_step * len(r.efforts),
             "temperature": r.temperature, "top_p": r.top_p, "seed": cfg.seed, "deterministic": cfg.deterministic,
-            "max_context": cfg.model.max_context}
+            "max_context": cfg.model.max_context, "budgets": {e: b for e, b in budgets.items() if b},
+            "observation_chars": h.observation_chars, "action_format": h.action_format, "cohorts": h.cohorts}
     return config_from_dict({**base, **cfg.loop})
 
 
@@ -296,8 +301,10 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
         from flywheel.loop import run as run_loop
 
         check(cfg)
-        if cfg.tasks.rename:
-            raise FlywheelError("[tasks] rename works with the inline loop only (no [loop] backend) for now")
+        for key, value in (("[tasks] rename", cfg.tasks.rename), ("[tasks] recurate_every", cfg.tasks.recurate_every),
+                           ("[train] max_minutes", cfg.train.max_minutes)):
+            if value:
+                raise FlywheelError(f"{key} works with the inline loop only (no [loop] backend) for now")
         lcfg = loop_config(cfg)
         run_loop(lcfg, partial(make_trainer, cfg), load_tasks(cfg), out)
         path = Path(out) / "metrics.jsonl"
@@ -327,12 +334,16 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
     (run.out / "config.json").write_text(json.dumps({**to_dict(cfg), "lambdas": lambdas}, indent=1) + "\n")
     efforts = efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens, cfg.deterministic)
     rows = []
-    budget = 60 * cfg.train.max_minutes - run.seconds_spent()  # a resumed run has spent part of it already
-    began = time.perf_counter()
+    durations = run.step_seconds()  # a resumed run has spent part of the budget already
+
+    def fits() -> bool:  # a step starts only if one as long as the longest so far ends within the budget
+        return cfg.train.max_minutes <= 0 or sum(durations) + max(durations, default=0.0) <= 60 * cfg.train.max_minutes
+
     with progress("train", cfg.train.steps) as advance:
         advance(start)
+        out_of_time = not fits()  # a resumed run may have spent its budget already
         for step in range(start + 1, cfg.train.steps + 1):
-            if cfg.train.max_minutes > 0 and budget <= 0:
+            if out_of_time:
                 break
             t0 = time.perf_counter()
             pool = curated(tasks, history, cfg, step)
@@ -358,7 +369,8 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
             if cfg.train.trajectories != "none":
                 keep = (lambda r: r) if cfg.train.trajectories == "full" else lite
                 run.append("trajectories.jsonl", [{**keep(r), "step": step, "rl": s} for r, s in zip(records, scores, strict=True)])
-            out_of_time = cfg.train.max_minutes > 0 and time.perf_counter() - began > budget
+            durations.append(time.perf_counter() - t0)
+            out_of_time = not fits()  # the next step would end past the budget: checkpoint this one and stop
             if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps or out_of_time:
                 run.checkpoint(trainer, step)
             run.append("timings.jsonl", [{"step": step, "rollout_s": round(t1 - t0, 2), "update_s": round(t2 - t1, 2),
@@ -367,6 +379,4 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
             advance(1, reward=row["reward"], success=row["success"])
             if on_step:
                 on_step(row)
-            if out_of_time:
-                break
     return rows
