@@ -4,9 +4,8 @@
 
 One training step's rollouts as `--config` (default `configs/learn-sweep.toml`) runs them, at one effort
 level (4 train tasks × 8 attempts at max by default, the engine on one thread) through the real harness,
-sandbox and grader, once per
-cohort count and round, alternating, each on a freshly loaded engine (so no run reuses another's prefix
-cache). Requests are seeded, so every setting samples the same actions (up to float differences between
+sandbox and grader, once per cohort count and round, alternating, each on a freshly loaded engine (so no
+run reuses another's prefix cache). Requests are seeded, so every setting samples the same actions (up to float differences between
 batch shapes): the turn counts printed beside each run show it. Reported: wall seconds per run, and the
 ratio of each setting's median to the first setting's.
 """

@@ -153,8 +153,8 @@ class Pool:
         self.sub.prefetch()
         version = int(self.sub.version)
         emit("started", {"ids": [it.id for it in items], "version": version, "pid": os.getpid()})
-        specs = [EpisodeSpec(it.task, effort_of(self.spec, it.effort), seed=it.seed, index=it.index) for it in items]
         s = self.spec
+        specs = [EpisodeSpec(it.task, effort_of(s, it.effort), seed=it.seed, index=it.index) for it in items]
         cfg = HarnessConfig(policy_version=version, temperature=s.temperature, top_p=s.top_p,
                             observation_chars=s.observation_chars, action_format=s.action_format, cohorts=s.cohorts)
 

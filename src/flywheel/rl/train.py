@@ -280,11 +280,11 @@ def loop_config(cfg: RunConfig):
     from flywheel.rl.rollout import budget_overrides
 
     r, h = cfg.rollout, harness_config(cfg, 0)  # the pools run episodes as the inline loop does
-    budgets = {e: budget_overrides(e, r.max_turns, r.max_tokens, cfg.deterministic) for e in r.efforts}
     base = {"model": model_spec(cfg.model.path), "steps": cfg.train.steps, "efforts": list(r.efforts),
             "samples": r.group_size, "groups_per_step": r.tasks_per_step * len(r.efforts),
             "temperature": r.temperature, "top_p": r.top_p, "seed": cfg.seed, "deterministic": cfg.deterministic,
-            "max_context": cfg.model.max_context, "budgets": {e: b for e, b in budgets.items() if b},
+            "max_context": cfg.model.max_context,
+            "budgets": {e: budget_overrides(e, r.max_turns, r.max_tokens, cfg.deterministic) for e in r.efforts},
             "observation_chars": h.observation_chars, "action_format": h.action_format, "cohorts": h.cohorts}
     return config_from_dict({**base, **cfg.loop})
 
