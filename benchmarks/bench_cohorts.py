@@ -31,7 +31,9 @@ from flywheel.tasks import load_suite
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="the policy directory (from `flywheel sft`)")
-    ap.add_argument("--config", default="configs/learn-sweep.toml", help="the run config whose rollouts are timed")
+    ap.add_argument(
+        "--config", default="configs/learn-sweep.toml", help="the run config whose rollouts are timed"
+    )
     ap.add_argument("--suite", default="toybugs")
     ap.add_argument("--split", default="train")
     ap.add_argument("--tasks", type=int, default=4)
@@ -52,22 +54,32 @@ def main() -> None:
     walls: dict[int, list[float]] = {n: [] for n in args.cohorts}
     for rnd in range(args.rounds):
         for n in args.cohorts:
-            engine = load_torch_model(model_spec(args.base), max_context=run.model.max_context, seed=args.seed)
+            engine = load_torch_model(
+                model_spec(args.base), max_context=run.model.max_context, seed=args.seed
+            )
             cfg = dataclasses.replace(harness_config(run, 0), cohorts=n)
             t0 = time.perf_counter()
             records = rollout(engine, specs, cfg, concurrency=r.concurrency)
             walls[n].append(time.perf_counter() - t0)
             turns = sum(rec["n_turns"] for rec in records)
             solved = sum(rec["success"] for rec in records)
-            print(f"round {rnd + 1}  cohorts {n}  {walls[n][-1]:6.1f} s  turns {turns}  solved {solved}/{len(records)}",
-                  flush=True)
+            print(
+                f"round {rnd + 1}  cohorts {n}  {walls[n][-1]:6.1f} s  turns {turns}  solved {solved}/{len(records)}",
+                flush=True,
+            )
     first = statistics.median(walls[args.cohorts[0]])
-    rows = {n: {"median_s": round(statistics.median(w), 2), "ratio": round(statistics.median(w) / first, 3)}
-            for n, w in walls.items()}
+    rows = {
+        n: {"median_s": round(statistics.median(w), 2), "ratio": round(statistics.median(w) / first, 3)}
+        for n, w in walls.items()
+    }
     for n, row in rows.items():
-        print(f"cohorts {n}: median {row['median_s']:.1f} s, {row['ratio']:.2f}x the time of cohorts {args.cohorts[0]}")
+        print(
+            f"cohorts {n}: median {row['median_s']:.1f} s, {row['ratio']:.2f}x the time of cohorts {args.cohorts[0]}"
+        )
     if args.out:
-        args.out.write_text(json.dumps({"episodes": len(specs), "walls": walls, "rows": rows}, indent=1) + "\n")
+        args.out.write_text(
+            json.dumps({"episodes": len(specs), "walls": walls, "rows": rows}, indent=1) + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,12 @@ def direct_pytest(task, ws: Path) -> None:
         shutil.copytree(ws, copy)
         for rel in task.hidden_files():
             shutil.copyfile(task.hidden_tests / rel, copy / rel)
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *test_files(task)],
-                       cwd=copy, capture_output=True, check=False)
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *test_files(task)],
+            cwd=copy,
+            capture_output=True,
+            check=False,
+        )
 
 
 def main() -> None:
@@ -65,8 +69,12 @@ def main() -> None:
             except Exception as e:  # a backend this machine cannot run
                 print(f"{name}: unavailable ({e})")
                 continue
-            rows[f"sandbox_start_{name}_ms"] = 1000 * median_time(lambda b=box: b.run(empty, ["true"]), args.repeats * 3)
-        rows["plain_subprocess_true_ms"] = 1000 * median_time(lambda: subprocess.run(["true"], check=True), args.repeats * 3)
+            rows[f"sandbox_start_{name}_ms"] = 1000 * median_time(
+                lambda b=box: b.run(empty, ["true"]), args.repeats * 3
+            )
+        rows["plain_subprocess_true_ms"] = 1000 * median_time(
+            lambda: subprocess.run(["true"], check=True), args.repeats * 3
+        )
 
         grade_s, direct_s = [], []
         box = get_sandbox()

@@ -70,8 +70,13 @@ def load_work(n: int = PROMPTS) -> list[dict[str, str]]:
     for task in load_suite("toybugs", split="train")[:n]:
         module = str(task.meta["module"])
         source = (task.repo / f"{module}.py").read_text()
-        work.append({"task_id": task.id, "prompt": task_prompt(task.instruction, module, source),
-                     "fix": fixing_line(task.solution_patch)})
+        work.append(
+            {
+                "task_id": task.id,
+                "prompt": task_prompt(task.instruction, module, source),
+                "fix": fixing_line(task.solution_patch),
+            }
+        )
     return work
 
 
@@ -83,7 +88,7 @@ def tie_break(successes: list[bool], group: int) -> list[bool]:
     """Flip the first outcome of every group whose outcomes all agree, so each group has variance."""
     out = list(successes)
     for start in range(0, len(out), group):
-        block = out[start:start + group]
+        block = out[start : start + group]
         if len(block) > 1 and len(set(block)) == 1:
             out[start] = not out[start]
     return out
@@ -99,10 +104,19 @@ def build_model_dir(root: Path, intermediate: int) -> tuple[Path, int]:
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir())
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=4, intermediate_size=intermediate, max_position_embeddings=2048,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=intermediate,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     out = root / "tiny-llama"
@@ -125,8 +139,10 @@ class Ours:
 
         model, tokenizer = load_hf(model_dir)
         self.engine = TorchEngine(model, tokenizer, ignore_eos=True, seed=0)
-        cfg = RunConfig(optim=OptimConfig(kind=optim, lr=lr, grad_clip=1.0),
-                        rollout=RolloutConfig(temperature=TEMPERATURE, top_p=TOP_P, group_size=GROUP))
+        cfg = RunConfig(
+            optim=OptimConfig(kind=optim, lr=lr, grad_clip=1.0),
+            rollout=RolloutConfig(temperature=TEMPERATURE, top_p=TOP_P, group_size=GROUP),
+        )
         self.trainer = Trainer(model, tokenizer, cfg, lambdas={})
         self.work, self.step_no = work, 0
         self.times: list[dict[str, float]] = []
@@ -135,9 +151,17 @@ class Ours:
         from flywheel.protocols import Request
 
         t0 = time.perf_counter()
-        requests = [Request(messages=[{"role": "user", "content": w["prompt"]}], max_tokens=NEW_TOKENS,
-                            temperature=TEMPERATURE, top_p=TOP_P, seed=self.step_no * 1000 + i)
-                    for w in self.work for i in range(GROUP)]
+        requests = [
+            Request(
+                messages=[{"role": "user", "content": w["prompt"]}],
+                max_tokens=NEW_TOKENS,
+                temperature=TEMPERATURE,
+                top_p=TOP_P,
+                seed=self.step_no * 1000 + i,
+            )
+            for w in self.work
+            for i in range(GROUP)
+        ]
         completions = self.engine.generate(requests)
         t1 = time.perf_counter()
         bad = [c.error for c in completions if c.error or c.completion_tokens != NEW_TOKENS]
@@ -146,25 +170,49 @@ class Ours:
         fixes = [w for w in self.work for _ in range(GROUP)]
         rewards = [fix_reward(c.text, w["fix"]) for c, w in zip(completions, fixes, strict=True)]
         successes = tie_break([r > 0 for r in rewards], GROUP)
-        records = [record(c, w, s, self.engine.name) for c, w, s in zip(completions, fixes, successes, strict=True)]
+        records = [
+            record(c, w, s, self.engine.name) for c, w, s in zip(completions, fixes, successes, strict=True)
+        ]
         metrics = self.trainer.step(records)
         self.engine.model.eval()
         t2 = time.perf_counter()
         self.step_no += 1
-        row = {"total": t2 - t0, "generation": t1 - t0, "update": t2 - t1, "reward": statistics.fmean(rewards),
-               "train_tokens": metrics.get("train_tokens", 0.0), "load1": os.getloadavg()[0]}
+        row = {
+            "total": t2 - t0,
+            "generation": t1 - t0,
+            "update": t2 - t1,
+            "reward": statistics.fmean(rewards),
+            "train_tokens": metrics.get("train_tokens", 0.0),
+            "load1": os.getloadavg()[0],
+        }
         self.times.append(row)
         return row
 
 
 def record(c, w: dict[str, str], success: bool, model: str) -> dict[str, Any]:
     """A single-turn trajectory record, as the trainer reads it."""
-    turns = [{"role": "user", "content": w["prompt"]},
-             {"role": "assistant", "content": c.text, "prompt_ids": c.prompt_ids, "token_ids": c.token_ids,
-              "logprobs": c.logprobs, "kept": c.kept}]
-    return {"turns": turns, "success": success, "effort": "medium", "task_id": w["task_id"],
-            "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens},
-            "model": model, "cost": 0.0, "n_turns": 1, "verdict": {"cheat": False}}
+    turns = [
+        {"role": "user", "content": w["prompt"]},
+        {
+            "role": "assistant",
+            "content": c.text,
+            "prompt_ids": c.prompt_ids,
+            "token_ids": c.token_ids,
+            "logprobs": c.logprobs,
+            "kept": c.kept,
+        },
+    ]
+    return {
+        "turns": turns,
+        "success": success,
+        "effort": "medium",
+        "task_id": w["task_id"],
+        "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens},
+        "model": model,
+        "cost": 0.0,
+        "n_turns": 1,
+        "verdict": {"cheat": False},
+    }
 
 
 # ------------------------------------------------------------------------------------------------ TRL
@@ -182,20 +230,44 @@ def make_trl(model_dir: Path, out_dir: Path, work: list[dict[str, str]], lr: flo
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [fix_reward(t, fixes[tid]) for t, tid in zip(texts, task_id, strict=True)]
 
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": w["prompt"]}], "task_id": w["task_id"]}
-                              for w in work])
+    data = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": w["prompt"]}], "task_id": w["task_id"]} for w in work]
+    )
     args = GRPOConfig(
-        output_dir=str(out_dir), use_cpu=True, bf16=False, fp16=False, report_to="none", save_strategy="no",
-        logging_steps=1, disable_tqdm=True, seed=0, max_steps=steps, learning_rate=lr,
-        lr_scheduler_type="constant", max_grad_norm=1.0, weight_decay=0.0,
-        per_device_train_batch_size=PROMPTS * GROUP, gradient_accumulation_steps=1, num_generations=GROUP,
-        max_completion_length=NEW_TOKENS, temperature=TEMPERATURE, top_p=TOP_P,
-        generation_kwargs={"min_new_tokens": NEW_TOKENS}, use_vllm=False, dataloader_num_workers=0,
+        output_dir=str(out_dir),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+        max_steps=steps,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        max_grad_norm=1.0,
+        weight_decay=0.0,
+        per_device_train_batch_size=PROMPTS * GROUP,
+        gradient_accumulation_steps=1,
+        num_generations=GROUP,
+        max_completion_length=NEW_TOKENS,
+        temperature=TEMPERATURE,
+        top_p=TOP_P,
+        generation_kwargs={"min_new_tokens": NEW_TOKENS},
+        use_vllm=False,
+        dataloader_num_workers=0,
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[callback])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[callback],
+    )
     generate = trainer._generate  # timed: TRL's generation share of the step
 
     def timed_generate(prompts):
@@ -227,8 +299,14 @@ def make_callback(ours: list[Ours]):
 
         def on_step_end(self, args, state, control, **kw):
             total = time.perf_counter() - self.t0
-            self.times.append({"total": total, "generation": self.generation, "update": total - self.generation,
-                               "load1": os.getloadavg()[0]})
+            self.times.append(
+                {
+                    "total": total,
+                    "generation": self.generation,
+                    "update": total - self.generation,
+                    "load1": os.getloadavg()[0],
+                }
+            )
             print(f"  step {len(self.times)}: trl {total:.2f}s", end="", flush=True)
             for o in ours:
                 row = o.step()
@@ -244,7 +322,9 @@ def make_callback(ours: list[Ours]):
 def summary(rows: list[dict[str, float]]) -> dict[str, float]:
     """Mean and best seconds per step after the warm-up step (the first)."""
     kept = rows[1:] or rows
-    out = {f"{k}_mean": statistics.fmean(r[k] for r in kept) for k in ("total", "generation", "update", "load1")}
+    out = {
+        f"{k}_mean": statistics.fmean(r[k] for r in kept) for k in ("total", "generation", "update", "load1")
+    }
     out["total_best"] = min(r["total"] for r in kept)
     out["steps"] = len(kept)
     return out
@@ -255,8 +335,10 @@ def table(results: dict[str, dict[str, float]]) -> str:
     lines = [f"{'side':<16}{'s/step':>9}{'best':>8}{'gen s':>8}{'update s':>10}{'TRL/ours':>10}{'load1':>7}"]
     for name, s in results.items():
         ratio = trl["total_mean"] / s["total_mean"]
-        lines.append(f"{name:<16}{s['total_mean']:>9.2f}{s['total_best']:>8.2f}{s['generation_mean']:>8.2f}"
-                     f"{s['update_mean']:>10.2f}{ratio:>9.2f}x{s['load1_mean']:>7.1f}")
+        lines.append(
+            f"{name:<16}{s['total_mean']:>9.2f}{s['total_best']:>8.2f}{s['generation_mean']:>8.2f}"
+            f"{s['update_mean']:>10.2f}{ratio:>9.2f}x{s['load1_mean']:>7.1f}"
+        )
     return "\n".join(lines)
 
 
@@ -265,8 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="timed steps per side (one more runs as warm-up)")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads, both sides")
     ap.add_argument("--lr", type=float, default=1e-5)
-    ap.add_argument("--intermediate", type=int, default=1024,
-                    help="MLP width: 1024 gives the 16.8M parameters of the reference figure; 688 gives 15.7M")
+    ap.add_argument(
+        "--intermediate",
+        type=int,
+        default=1024,
+        help="MLP width: 1024 gives the 16.8M parameters of the reference figure; 688 gives 15.7M",
+    )
     ap.add_argument("--no-muon", action="store_true", help="time Flywheel with AdamW only")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = ap.parse_args(argv)
@@ -294,28 +380,49 @@ def main(argv: list[str] | None = None) -> int:
             ours.append(Ours(model_dir, "muon", args.lr, work))
         callback = make_callback(ours)
         trainer = make_trl(model_dir, Path(tmp) / "trl", work, args.lr, args.steps + 1, callback)
-        prompt_lens = [len(render_prompt(ours[0].engine.tokenizer, Request(messages=[
-            {"role": "user", "content": w["prompt"]}]))) for w in work]
-        print(f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}; "
-              f"{n_params / 1e6:.1f}M parameters; prompt tokens {prompt_lens}; threads {args.threads}; "
-              f"fast engine: {ours[0].engine.fast}", flush=True)
+        prompt_lens = [
+            len(
+                render_prompt(
+                    ours[0].engine.tokenizer, Request(messages=[{"role": "user", "content": w["prompt"]}])
+                )
+            )
+            for w in work
+        ]
+        print(
+            f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}; "
+            f"{n_params / 1e6:.1f}M parameters; prompt tokens {prompt_lens}; threads {args.threads}; "
+            f"fast engine: {ours[0].engine.fast}",
+            flush=True,
+        )
         trainer.train()
     lengths = sorted(set(callback.completion_lengths))
     results = {"trl": summary(callback.times)}
     for o in ours:
         results[f"flywheel-{o.trainer.cfg.optim.kind}"] = summary(o.times)
     load_end = os.getloadavg()
-    print(f"\nseconds per RL step, {PROMPTS}x{GROUP} completions of {NEW_TOKENS} tokens "
-          f"(TRL saw prompt tokens {sorted(callback.prompt_lengths)}, completion lengths {lengths}); mean of {args.steps} steps after 1 warm-up")
+    print(
+        f"\nseconds per RL step, {PROMPTS}x{GROUP} completions of {NEW_TOKENS} tokens "
+        f"(TRL saw prompt tokens {sorted(callback.prompt_lengths)}, completion lengths {lengths}); mean of {args.steps} steps after 1 warm-up"
+    )
     print(table(results))
-    print(f"true reward mean (ours): {statistics.fmean(r['reward'] for r in ours[0].times):.3f}; "
-          f"load average start {load_start[0]:.1f}/{load_start[1]:.1f}/{load_start[2]:.1f}, "
-          f"end {load_end[0]:.1f}/{load_end[1]:.1f}/{load_end[2]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"true reward mean (ours): {statistics.fmean(r['reward'] for r in ours[0].times):.3f}; "
+        f"load average start {load_start[0]:.1f}/{load_start[1]:.1f}/{load_start[2]:.1f}, "
+        f"end {load_end[0]:.1f}/{load_end[1]:.1f}/{load_end[2]:.1f} on {os.cpu_count()} cores"
+    )
     if args.out:
-        payload = {"trl_version": trl.__version__, "threads": args.threads, "params": n_params,
-                   "load_start": load_start, "load_end": load_end, "summary": results,
-                   "per_step": {"trl": callback.times, **{f"flywheel-{o.trainer.cfg.optim.kind}": o.times
-                                                          for o in ours}}}
+        payload = {
+            "trl_version": trl.__version__,
+            "threads": args.threads,
+            "params": n_params,
+            "load_start": load_start,
+            "load_end": load_end,
+            "summary": results,
+            "per_step": {
+                "trl": callback.times,
+                **{f"flywheel-{o.trainer.cfg.optim.kind}": o.times for o in ours},
+            },
+        }
         args.out.write_text(json.dumps(payload, indent=2) + "\n")
     return 0
 

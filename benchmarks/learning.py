@@ -49,7 +49,11 @@ def set_field(cfg, dotted: str, raw: str) -> None:
     if isinstance(obj, dict):
         obj[last] = value
     else:
-        setattr(obj, last, type(getattr(obj, last))(value) if not isinstance(getattr(obj, last), bool) else bool(value))
+        setattr(
+            obj,
+            last,
+            type(getattr(obj, last))(value) if not isinstance(getattr(obj, last), bool) else bool(value),
+        )
 
 
 def table(before: dict, after: dict) -> str:
@@ -60,15 +64,19 @@ def table(before: dict, after: dict) -> str:
             s = data[effort]
             lo, hi = s["success_ci95"]
             edit = s["median_steps_to_first_edit"]
-            lines.append(f"{effort:7s} {name:8s} {s['n']:4d} {s['success_rate']:8.1%} [{lo:5.1%},{hi:6.1%}] "
-                         f"{s['mean_reward_cost']:9.5f} {s['mean_turns']:6.2f} {edit if edit is not None else '-':>8}")
+            lines.append(
+                f"{effort:7s} {name:8s} {s['n']:4d} {s['success_rate']:8.1%} [{lo:5.1%},{hi:6.1%}] "
+                f"{s['mean_reward_cost']:9.5f} {s['mean_turns']:6.2f} {edit if edit is not None else '-':>8}"
+            )
     return "\n".join(lines)
 
 
 def goals(before: dict, after: dict) -> dict:
     gains = {e: after[e]["success_rate"] - before[e]["success_rate"] for e in after}
-    out = {"success_gain_points": {e: round(100 * g, 1) for e, g in gains.items()},
-           "success_goal_met": max(gains.values()) >= 0.15}
+    out = {
+        "success_gain_points": {e: round(100 * g, 1) for e, g in gains.items()},
+        "success_goal_met": max(gains.values()) >= 0.15,
+    }
     if "medium" in after:
         b, a = before["medium"], after["medium"]
         cut = 1 - a["mean_turns"] / b["mean_turns"] if b["mean_turns"] else 0.0
@@ -85,8 +93,11 @@ def training_trend(rows: list[dict]) -> dict:
     k = max(1, len(rows) // 3)
     keys = ("success", "reward", "cost", "turns")
     mean = lambda part, key: round(sum(r[key] for r in part) / len(part), 6)  # noqa: E731
-    return {"steps_per_third": k, "first": {key: mean(rows[:k], key) for key in keys},
-            "last": {key: mean(rows[-k:], key) for key in keys}}
+    return {
+        "steps_per_third": k,
+        "first": {key: mean(rows[:k], key) for key in keys},
+        "last": {key: mean(rows[-k:], key) for key in keys},
+    }
 
 
 def main() -> None:
@@ -100,7 +111,9 @@ def main() -> None:
     ap.add_argument("--cal-tasks", type=int, default=12, help="calibration tasks (train split)")
     ap.add_argument("--cal-samples", type=int, default=1, help="attempts per calibration task and rung")
     ap.add_argument("--base-eval", help="results.json of an earlier run: reuse its base evaluation")
-    ap.add_argument("--base-only", action="store_true", help="stop after evaluating the base (for --base-eval)")
+    ap.add_argument(
+        "--base-only", action="store_true", help="stop after evaluating the base (for --base-eval)"
+    )
     ap.add_argument("--variant", action="append", default=[], help="KEY=VALUE config override (repeatable)")
     args = ap.parse_args()
 
@@ -123,16 +136,25 @@ def main() -> None:
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             ap.error(f"--variant {v}: not a config field or not a value for it ({e})")
     if not (Path(args.base) / "config.json").is_file():
-        ap.exit(2, f"learning.py: --base {args.base}: not a model directory (no config.json; make one with `flywheel sft`)\n")
+        ap.exit(
+            2,
+            f"learning.py: --base {args.base}: not a model directory (no config.json; make one with `flywheel sft`)\n",
+        )
     reused = None
     if args.base_eval:  # checked before anything runs: one line and exit 2 when it cannot serve
         try:
             reused = json.loads(Path(args.base_eval).read_text())["base"]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            ap.exit(2, f"learning.py: --base-eval {args.base_eval}: not a results.json with a base evaluation ({e})\n")
+            ap.exit(
+                2,
+                f"learning.py: --base-eval {args.base_eval}: not a results.json with a base evaluation ({e})\n",
+            )
         missing = [effort for effort in cfg.rollout.efforts if effort not in reused]
         if missing:
-            ap.exit(2, f"learning.py: --base-eval {args.base_eval} has no base evaluation at {', '.join(missing)}\n")
+            ap.exit(
+                2,
+                f"learning.py: --base-eval {args.base_eval} has no base evaluation at {', '.join(missing)}\n",
+            )
     try:  # the training and held-out suites are read before anything runs
         load_tasks(cfg)
         heldout = load_heldout(cfg)
@@ -143,7 +165,9 @@ def main() -> None:
     t0 = time.perf_counter()
     calibration = out / "calibration" / "calibration.json"
     if not args.no_calibrate:
-        if calibration.is_file():  # a rerun into the same --out resumes: calibration, base evaluation, training
+        if (
+            calibration.is_file()
+        ):  # a rerun into the same --out resumes: calibration, base evaluation, training
             cal = json.loads(calibration.read_text())
         else:
             cal = run_calibration(cfg, out / "calibration", limit=args.cal_tasks, samples=args.cal_samples)
@@ -159,7 +183,9 @@ def main() -> None:
         before = evaluate_policy(engine, heldout, cfg, out / "eval-base")
         (out / "eval-base" / "summary.json").write_text(json.dumps(before, indent=1) + "\n")
     if args.base_only:
-        (out / "results.json").write_text(json.dumps({"variant": args.variant, "base": before}, indent=1) + "\n")
+        (out / "results.json").write_text(
+            json.dumps({"variant": args.variant, "base": before}, indent=1) + "\n"
+        )
         print(json.dumps(before, indent=1))
         return
     train(cfg, out / "train")
@@ -167,12 +193,27 @@ def main() -> None:
     latest = sorted((out / "train" / "checkpoints").glob("step-*"))[-1]
     engine = load_engine(cfg, f"hf:{latest}")
     after = evaluate_policy(engine, heldout, cfg, out / "eval-trained")
-    result = {"variant": args.variant, "steps": len(rows), "train_minutes": round(Run(out / "train").seconds_spent() / 60, 1),
-              "invocation_minutes": round((time.perf_counter() - t0) / 60, 1), "base": before, "trained": after,
-              "goals": goals(before, after), "training": training_trend(rows)}
+    result = {
+        "variant": args.variant,
+        "steps": len(rows),
+        "train_minutes": round(Run(out / "train").seconds_spent() / 60, 1),
+        "invocation_minutes": round((time.perf_counter() - t0) / 60, 1),
+        "base": before,
+        "trained": after,
+        "goals": goals(before, after),
+        "training": training_trend(rows),
+    }
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     print(table(before, after))
-    print(json.dumps({k: result[k] for k in ("variant", "steps", "train_minutes", "invocation_minutes", "goals", "training")}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in ("variant", "steps", "train_minutes", "invocation_minutes", "goals", "training")
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,24 @@ import time
 from collections import Counter
 from pathlib import Path
 
-OPS = (" +=", " -=", " <=", " >=", " ==", " !=", " <", " >", " +", " -", " and", " or", " not", " in", " //", " *")
+OPS = (
+    " +=",
+    " -=",
+    " <=",
+    " >=",
+    " ==",
+    " !=",
+    " <",
+    " >",
+    " +",
+    " -",
+    " and",
+    " or",
+    " not",
+    " in",
+    " //",
+    " *",
+)
 _FIRST = re.compile("|".join(re.escape(o) + (" " if o[-1].isalpha() else r"(?=[ (\w])") for o in OPS))
 
 
@@ -43,7 +60,9 @@ def examples(modules: list[str], n: int, rng: random.Random, window: int) -> lis
             continue
         i = rng.choice(asked)
         listing = "".join(f"{j + 1:6d}\t{lines[j]}\n" for j in shown)
-        out.append((f"exit code 0\n{listing}<shell>sed -i '{i + 1}s/", _FIRST.search(lines[i]).group(0).rstrip(" ")))
+        out.append(
+            (f"exit code 0\n{listing}<shell>sed -i '{i + 1}s/", _FIRST.search(lines[i]).group(0).rstrip(" "))
+        )
     return out
 
 
@@ -74,7 +93,9 @@ def accuracy(model, data: list[tuple[list[int], int]]) -> float:
     return right / len(data)
 
 
-def drill(model, train, test, steps: int, batch: int, lr: float, every: int, label: str) -> list[tuple[int, float]]:
+def drill(
+    model, train, test, steps: int, batch: int, lr: float, every: int, label: str
+) -> list[tuple[int, float]]:
     import torch
 
     rng = random.Random(0)
@@ -102,8 +123,12 @@ def drill(model, train, test, steps: int, batch: int, lr: float, every: int, lab
             model.eval()
             curve.append((step, accuracy(model, test)))
             model.train()
-            print(f"{label}: step {step} loss {float(loss.detach()):.3f} held-out accuracy {curve[-1][1]:.1%} "
-                  f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+            print(
+                f"{label}: step {step} loss {float(loss.detach()):.3f} held-out accuracy {curve[-1][1]:.1%} "
+                f"({time.perf_counter() - t0:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     return curve
 
 
@@ -113,15 +138,21 @@ def _shape(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: want HIDDEN,LAYERS, e.g. 256,4") from None
     if hidden <= 0 or layers <= 0 or hidden % 4:
-        raise argparse.ArgumentTypeError(f"{text!r}: HIDDEN a positive multiple of the 4 heads, LAYERS positive")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: HIDDEN a positive multiple of the 4 heads, LAYERS positive"
+        )
     return hidden, layers
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--from", dest="starts", nargs="+", required=True, help="`new`, or base directories")
-    ap.add_argument("--tokenizer", type=Path, required=True, help="a base whose tokenizer and shape `new` uses")
-    ap.add_argument("--shape", type=_shape, default=None, help="HIDDEN,LAYERS of `new` (default: the tokenizer base's)")
+    ap.add_argument(
+        "--tokenizer", type=Path, required=True, help="a base whose tokenizer and shape `new` uses"
+    )
+    ap.add_argument(
+        "--shape", type=_shape, default=None, help="HIDDEN,LAYERS of `new` (default: the tokenizer base's)"
+    )
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -147,8 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     freq = Counter(op for _, op in examples(train_mods, 5000, random.Random(3), args.window))
     common = freq.most_common(1)[0][0]
     present = sum(op == max(_starting(prompt), key=freq.__getitem__) for prompt, op in test_pairs) / len(test)
-    print(f"held-out queries: {len(test)}; always `{common}`: {sum(op == common for _, op in test_pairs) / len(test):.1%}; "
-          f"the commonest operator that starts some line of the window (no lookup): {present:.1%}")
+    print(
+        f"held-out queries: {len(test)}; always `{common}`: {sum(op == common for _, op in test_pairs) / len(test):.1%}; "
+        f"the commonest operator that starts some line of the window (no lookup): {present:.1%}"
+    )
     curves = {}
     for start in args.starts:
         if start == "new":

@@ -29,7 +29,9 @@ from collections import Counter
 from pathlib import Path
 
 _PART = r"((?:[^/\\]|\\.)*)"
-TRY = re.compile(rf"sed -i '(\d+)s/{_PART}/{_PART}/' \S+;.*\|\| (?:(cp /tmp/)|sed -i '(\d+)s/{_PART}/{_PART}/')")
+TRY = re.compile(
+    rf"sed -i '(\d+)s/{_PART}/{_PART}/' \S+;.*\|\| (?:(cp /tmp/)|sed -i '(\d+)s/{_PART}/{_PART}/')"
+)
 CHECKS = ("line exists", "in the function", "holds OLD", "a candidate", "undo restores")
 
 
@@ -52,7 +54,9 @@ def tally(records: list[dict], tasks: dict) -> Counter:
         name = searched_function(task.instruction, source)
         inside = function_lines(name, source) if name else set()
         # with or without the space before the text replaced (older trajectories lack it)
-        candidates = {(n, old.lstrip(" "), new.lstrip(" ")) for n, old, new in repair_candidates(source, inside)}
+        candidates = {
+            (n, old.lstrip(" "), new.lstrip(" ")) for n, old, new in repair_candidates(source, inside)
+        }
         first = True
         for turn in r["turns"]:
             hit = TRY.search(turn["text"]) if turn["role"] == "assistant" else None
@@ -60,9 +64,13 @@ def tally(records: list[dict], tasks: dict) -> Counter:
                 continue
             n, old, new = int(hit[1]), _plain(hit[2]), _plain(hit[3])
             undone = bool(hit[4]) or (int(hit[5]), _plain(hit[6]), _plain(hit[7])) == (n, new, old)
-            passed = {"line exists": 1 <= n <= len(lines), "in the function": n in inside,
-                      "holds OLD": 1 <= n <= len(lines) and bool(old) and old in lines[n - 1],
-                      "a candidate": (n, old.lstrip(" "), new.lstrip(" ")) in candidates, "undo restores": undone}
+            passed = {
+                "line exists": 1 <= n <= len(lines),
+                "in the function": n in inside,
+                "holds OLD": 1 <= n <= len(lines) and bool(old) and old in lines[n - 1],
+                "a candidate": (n, old.lstrip(" "), new.lstrip(" ")) in candidates,
+                "undo restores": undone,
+            }
             for key in ("tries", *(("first tries",) if first else ())):
                 c[key] += 1
                 for check, ok in passed.items():
@@ -108,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trajectories", nargs="+", type=Path, help="trajectories.jsonl files of toybugs runs")
     ap.add_argument("--suite", default="toybugs")
-    ap.add_argument("--bases", nargs="*", type=Path, default=[], help="HF model dirs to probe under teacher forcing")
+    ap.add_argument(
+        "--bases", nargs="*", type=Path, default=[], help="HF model dirs to probe under teacher forcing"
+    )
     ap.add_argument("--episodes", type=int, default=80, help="episodes of each file the bases are probed on")
     args = ap.parse_args(argv)
     for path in args.trajectories:
@@ -124,16 +134,23 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|" + "---|" * (len(CHECKS) + 1))
     for path in args.trajectories:
         c = tally([json.loads(line) for line in path.read_text().splitlines() if line.strip()], tasks)
-        print(f"| {path} | {c['tries']} | " + " | ".join(_share(c, f"tries: {k}", c["tries"]) for k in CHECKS)
-              + f" | {_share(c, 'first tries: holds OLD', c['first tries'])} |")
+        print(
+            f"| {path} | {c['tries']} | "
+            + " | ".join(_share(c, f"tries: {k}", c["tries"]) for k in CHECKS)
+            + f" | {_share(c, 'first tries: holds OLD', c['first tries'])} |"
+        )
     if args.bases:
-        print("\n| base | trajectories | tries | N tokens right | OLD tokens right | OLD whole right |\n|---|---|---|---|---|---|")
+        print(
+            "\n| base | trajectories | tries | N tokens right | OLD tokens right | OLD whole right |\n|---|---|---|---|---|---|"
+        )
     for base in args.bases:
         for path in args.trajectories:
             records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
             c = teacher_forced(base, records, args.episodes)
-            print(f"| {base} | {path} | {c['tries']} | {_share(c, 'N right', c['N tokens'])} | "
-                  f"{_share(c, 'OLD right', c['OLD tokens'])} | {_share(c, 'OLD whole', c['tries'])} |")
+            print(
+                f"| {base} | {path} | {c['tries']} | {_share(c, 'N right', c['N tokens'])} | "
+                f"{_share(c, 'OLD right', c['OLD tokens'])} | {_share(c, 'OLD whole', c['tries'])} |"
+            )
     return 0
 
 

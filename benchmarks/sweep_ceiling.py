@@ -46,7 +46,11 @@ def repairing_pairs(patch: str, pairs) -> set[int]:
     added = [line[1:] for line in patch.splitlines() if line.startswith("+") and not line.startswith("+++")]
     if len(removed) != 1 or len(added) != 1:
         return set()
-    return {i for i, (old, new) in enumerate(pairs) if old in removed[0] and removed[0].replace(old, new, 1) == added[0]}
+    return {
+        i
+        for i, (old, new) in enumerate(pairs)
+        if old in removed[0] and removed[0].replace(old, new, 1) == added[0]
+    }
 
 
 def best_order(sets: list[set[int]], n_pairs: int, k: int) -> float:
@@ -84,7 +88,9 @@ def memoryless(sets: list[set[int]], n_pairs: int, k: int, p: np.ndarray | None 
     return value(q)
 
 
-def observed(paths: list[str], commands: dict[str, int]) -> tuple[list[tuple[str, int, bool]], dict[str, set[int]]]:
+def observed(
+    paths: list[str], commands: dict[str, int]
+) -> tuple[list[tuple[str, int, bool]], dict[str, set[int]]]:
     """Every exact sweep in these trajectories as (task, sweep, printed `fixed`), and per task the sweeps that
     printed `fixed` in an episode the verifier passed (they repair it, perhaps otherwise than the patch)."""
     runs, repairs = [], {}
@@ -108,8 +114,10 @@ def check(runs: list[tuple[str, int, bool]], sets: dict[str, set[int]]) -> str:
     """How often the patch-based prediction and the printed `fixed` agree on these exact sweeps."""
     tally = Counter((pair in sets.get(task, set()), fixed) for task, pair, fixed in runs)
     yes, no = tally[(True, True)] + tally[(True, False)], tally[(False, True)] + tally[(False, False)]
-    return (f"check on {len(runs)} exact sweeps: {yes} predicted to repair, {tally[(True, True)]} of them printed "
-            f"fixed; {no} predicted not to, {tally[(False, True)]} of them printed fixed")
+    return (
+        f"check on {len(runs)} exact sweeps: {yes} predicted to repair, {tally[(True, True)]} of them printed "
+        f"fixed; {no} predicted not to, {tally[(False, True)]} of them printed fixed"
+    )
 
 
 def main() -> None:
@@ -121,8 +129,12 @@ def main() -> None:
     ap.add_argument("--suite", default="toybugs")
     ap.add_argument("--split", default="heldout")
     ap.add_argument("--sweeps", type=int, nargs="+", default=[4, 8, 12, 16, 20], help="values of k")
-    ap.add_argument("--check", nargs="*", default=[], help="trajectories.jsonl files to check the prediction on")
-    ap.add_argument("--mix", action="store_true", help="the memoryless value of each --check file's sweep mix")
+    ap.add_argument(
+        "--check", nargs="*", default=[], help="trajectories.jsonl files to check the prediction on"
+    )
+    ap.add_argument(
+        "--mix", action="store_true", help="the memoryless value of each --check file's sweep mix"
+    )
     args = ap.parse_args()
     missing = [p for p in args.check if not Path(p).is_file()]
     if missing:
@@ -137,13 +149,25 @@ def main() -> None:
         sys.exit(print(f"sweep_ceiling.py: {e}", file=sys.stderr) or 2)
     by_id = {t.id: repairing_pairs((Path(t.root) / "solution.patch").read_text(), SWEEP_PAIRS) for t in tasks}
     n = len(SWEEP_PAIRS)
-    table(f"{args.suite}/{args.split}, repairs read off the solution patches", list(by_id.values()), n, args.sweeps)
+    table(
+        f"{args.suite}/{args.split}, repairs read off the solution patches",
+        list(by_id.values()),
+        n,
+        args.sweeps,
+    )
     if args.check:
-        commands = {sweep_command(old, new, tasks[0].test_command): i for i, (old, new) in enumerate(SWEEP_PAIRS)}
+        commands = {
+            sweep_command(old, new, tasks[0].test_command): i for i, (old, new) in enumerate(SWEEP_PAIRS)
+        }
         runs, repairs = observed(args.check, commands)
         print(check(runs, by_id))
         union = {t: by_id[t] | repairs.get(t, set()) for t in by_id}
-        table("with the repairs seen in passed episodes of these trajectories added", list(union.values()), n, args.sweeps)
+        table(
+            "with the repairs seen in passed episodes of these trajectories added",
+            list(union.values()),
+            n,
+            args.sweeps,
+        )
         if args.mix:
             print("each file's mix of exact sweeps, drawn k times (memoryless):")
             for path in args.check:
@@ -152,17 +176,25 @@ def main() -> None:
                     print(f"  {path}: no exact sweeps")
                     continue
                 q = np.array([draws[i] for i in range(n)], dtype=float) / sum(draws.values())
-                shares = "  ".join(f"k={k} {memoryless(list(union.values()), n, k, q):.1%}" for k in args.sweeps)
+                shares = "  ".join(
+                    f"k={k} {memoryless(list(union.values()), n, k, q):.1%}" for k in args.sweeps
+                )
                 print(f"  {path}: {shares}")
 
 
 def table(title: str, sets: list[set[int]], n: int, ks: list[int]) -> None:
     solvable = sum(bool(s) for s in sets)
-    print(f"{title}: {len(sets)} tasks, {solvable} repaired by some sweep ({solvable / len(sets):.1%}); {n} sweeps")
-    print(f"{'k':>3s} {'best order':>11s} {'random, no repeats':>19s} {'best memoryless':>16s} {'uniform memoryless':>19s}")
+    print(
+        f"{title}: {len(sets)} tasks, {solvable} repaired by some sweep ({solvable / len(sets):.1%}); {n} sweeps"
+    )
+    print(
+        f"{'k':>3s} {'best order':>11s} {'random, no repeats':>19s} {'best memoryless':>16s} {'uniform memoryless':>19s}"
+    )
     for k in ks:
         best, uniform = memoryless(sets, n, k), memoryless(sets, n, k, np.full(n, 1 / n))
-        print(f"{k:3d} {best_order(sets, n, k):11.1%} {random_no_repeats(sets, n, k):19.1%} {best:16.1%} {uniform:19.1%}")
+        print(
+            f"{k:3d} {best_order(sets, n, k):11.1%} {random_no_repeats(sets, n, k):19.1%} {best:16.1%} {uniform:19.1%}"
+        )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,10 @@ def main() -> None:
     missing = [p for p in args.trajectories if not Path(p).is_file()]
     if missing:
         sys.exit(print(f"error: no such trajectories file: {missing[0]}", file=sys.stderr) or 2)
-    sweeps = {sweep_command(old, new, args.test_command): f"{old.strip()}->{new.strip() or '(none)'}" for old, new in SWEEP_PAIRS}
+    sweeps = {
+        sweep_command(old, new, args.test_command): f"{old.strip()}->{new.strip() or '(none)'}"
+        for old, new in SWEEP_PAIRS
+    }
     for path in args.trajectories:
         records = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
         counts, first, fixed = Counter(), Counter(), Counter()
@@ -68,15 +71,24 @@ def main() -> None:
                 reply = turns[i + 1]["text"] if i + 1 < len(turns) else ""
                 fixed[pair] += reply.endswith("\nfixed")
         n = max(len(records), 1)
-        print(f"{path}: {len(records)} episodes, success {sum(r['success'] for r in records) / n:.1%}, "
-              f"turns {sum(r['n_turns'] for r in records) / n:.2f}, looks {counts['looks'] / n:.2f}, "
-              f"shell {counts['shell'] / n:.2f}, exact sweeps {counts['exact'] / max(counts['shell'], 1):.0%}, "
-              f"repeats {counts['repeats'] / max(counts['exact'], 1):.0%}")
+        print(
+            f"{path}: {len(records)} episodes, success {sum(r['success'] for r in records) / n:.1%}, "
+            f"turns {sum(r['n_turns'] for r in records) / n:.2f}, looks {counts['looks'] / n:.2f}, "
+            f"shell {counts['shell'] / n:.2f}, exact sweeps {counts['exact'] / max(counts['shell'], 1):.0%}, "
+            f"repeats {counts['repeats'] / max(counts['exact'], 1):.0%}"
+        )
         failed = [r for r in records if not r["success"]]
         endings = Counter(r.get("ending") for r in failed)
         gave_up = [r["n_turns"] for r in failed if r.get("ending") == "submitted"]
-        print(f"  failures {len(failed)}: " + ", ".join(f"{k} {v}" for k, v in endings.most_common())
-              + (f"; those that submitted did at turn {sum(gave_up) / len(gave_up):.2f} on average" if gave_up else ""))
+        print(
+            f"  failures {len(failed)}: "
+            + ", ".join(f"{k} {v}" for k, v in endings.most_common())
+            + (
+                f"; those that submitted did at turn {sum(gave_up) / len(gave_up):.2f} on average"
+                if gave_up
+                else ""
+            )
+        )
         for pair, k in first.most_common(args.top):
             print(f"  first sweep {pair:12s} {k / n:5.1%}   printed fixed {fixed[pair]} times in all")
 

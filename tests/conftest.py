@@ -18,13 +18,15 @@ GOOD = '''def clamp(x, lo, hi):
     return x
 '''
 BUGGY = GOOD.replace("if x > hi:", "if x >= hi + 1:")
-VISIBLE = '''from mathx import clamp
+VISIBLE = """from mathx import clamp
 
 
 def test_clamp_high():
     assert clamp(5.5, 0, 5) == 5
-'''
-HIDDEN = VISIBLE + '''
+"""
+HIDDEN = (
+    VISIBLE
+    + """
 
 def test_clamp_low():
     assert clamp(-1, 0, 5) == 0
@@ -32,7 +34,8 @@ def test_clamp_low():
 
 def test_clamp_inside():
     assert clamp(3, 0, 5) == 3
-'''
+"""
+)
 
 
 def build_clamp_task(dest: Path) -> Task:

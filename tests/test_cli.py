@@ -8,7 +8,9 @@ import pytest
 
 
 def flywheel(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "flywheel", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "flywheel", *map(str, args)], capture_output=True, text=True, cwd=cwd
+    )
 
 
 def assert_one_line_error(r, fragment):
@@ -58,8 +60,26 @@ def test_validate_and_eval_a_task_directory(clamp_task, tmp_path):
     data = json.loads(r.stdout)
     assert r.returncode == 0 and data["valid"] == 1 and data["tasks"][0]["ok"]
     out = tmp_path / "run"
-    r = flywheel("eval", "--suite", clamp_task.root.parent, "--model", "scripted", "--out", out, "--cohorts", "2")
+    r = flywheel(
+        "eval", "--suite", clamp_task.root.parent, "--model", "scripted", "--out", out, "--cohorts", "2"
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads((out / "summary.json").read_text())["success_rate"] == 1.0
-    assert_one_line_error(flywheel("eval", "--suite", clamp_task.root.parent, "--model", "nope", "--out", tmp_path / "r2"), "unknown model")
-    assert_one_line_error(flywheel("eval", "--suite", clamp_task.root.parent, "--model", "scripted", "--effort", "huge", "--out", tmp_path / "r3"), "unknown effort")
+    assert_one_line_error(
+        flywheel("eval", "--suite", clamp_task.root.parent, "--model", "nope", "--out", tmp_path / "r2"),
+        "unknown model",
+    )
+    assert_one_line_error(
+        flywheel(
+            "eval",
+            "--suite",
+            clamp_task.root.parent,
+            "--model",
+            "scripted",
+            "--effort",
+            "huge",
+            "--out",
+            tmp_path / "r3",
+        ),
+        "unknown effort",
+    )

@@ -62,8 +62,10 @@ def cached_base(sft_config: Path) -> Path:
 def row(name: str, effort: str, s: dict) -> str:
     lo, hi = s["success_ci95"]
     edit = s["median_steps_to_first_edit"]
-    return (f"{name:8s} {effort:7s} {s['n']:4d}  {s['success_rate']:6.1%}  [{lo:5.1%}, {hi:5.1%}]  "
-            f"${s['mean_reward_cost']:.5f}  {s['mean_turns']:5.1f}  {edit if edit is not None else '-':>5}")
+    return (
+        f"{name:8s} {effort:7s} {s['n']:4d}  {s['success_rate']:6.1%}  [{lo:5.1%}, {hi:5.1%}]  "
+        f"${s['mean_reward_cost']:.5f}  {s['mean_turns']:5.1f}  {edit if edit is not None else '-':>5}"
+    )
 
 
 def plot(before: dict, after: dict, path: Path) -> None:
@@ -98,7 +100,9 @@ def main() -> None:
     out.mkdir(parents=True)
     stage(1, "toybugs suite (built on first use, a few minutes) ...")
     train_tasks = load_suite("toybugs", split="train")
-    stage(1, f"toybugs: {len(train_tasks)} train tasks, {len(load_suite('toybugs', split='heldout'))} held-out")
+    stage(
+        1, f"toybugs: {len(train_tasks)} train tasks, {len(load_suite('toybugs', split='heldout'))} held-out"
+    )
     base = cached_base(configs / "sft.toml")
     cfg = load_config(configs / "demo.toml")
     cfg.model.path = str(base)
@@ -122,11 +126,15 @@ def main() -> None:
     after = evaluate_policy(engine, heldout, cfg, out / "eval-trained")
     (out / "results.json").write_text(json.dumps({"base": before, "trained": after}, indent=1) + "\n")
     plot(before, after, out / "pareto.png")
-    print(f"\n[7/7] {'policy':8s} {'effort':7s} {'n':>4s}  {'success':>6s}  {'95% interval':>16s}  {'cost':>8s}  turns  1st-edit")
+    print(
+        f"\n[7/7] {'policy':8s} {'effort':7s} {'n':>4s}  {'success':>6s}  {'95% interval':>16s}  {'cost':>8s}  turns  1st-edit"
+    )
     for name, data in (("base", before), ("trained", after)):
         for effort, summary in data.items():
             print(row(name, effort, summary))
-    print(f"\nruns/demo/: calibration/, train/ (metrics.jsonl), results.json, pareto.png — {time.perf_counter() - _START:.0f} s")
+    print(
+        f"\nruns/demo/: calibration/, train/ (metrics.jsonl), results.json, pareto.png — {time.perf_counter() - _START:.0f} s"
+    )
 
 
 if __name__ == "__main__":

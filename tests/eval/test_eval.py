@@ -7,8 +7,16 @@ from flywheel.models.scripted import ScriptedModel
 
 
 def rec(success, cost, turns, first_edit, ending="submitted"):
-    return {"success": success, "cost": cost, "n_turns": turns, "steps_to_first_edit": first_edit,
-            "usage": {"completion_tokens": 10}, "ending": ending, "format_errors": 1, "verdict": {"cheat": False}}
+    return {
+        "success": success,
+        "cost": cost,
+        "n_turns": turns,
+        "steps_to_first_edit": first_edit,
+        "usage": {"completion_tokens": 10},
+        "ending": ending,
+        "format_errors": 1,
+        "verdict": {"cheat": False},
+    }
 
 
 def test_wilson_interval_known_values():

@@ -51,7 +51,9 @@ def test_malformed_actions_say_what_is_wrong(text, message):
 
 
 def test_native_calls_parse_and_validate():
-    assert parse_native({"name": "shell", "arguments": '{"command": "ls"}'}) == Action("shell", {"command": "ls"})
+    assert parse_native({"name": "shell", "arguments": '{"command": "ls"}'}) == Action(
+        "shell", {"command": "ls"}
+    )
     assert parse_native({"name": "run_tests", "arguments": {}}) == Action("run_tests")
     for bad, msg in [
         ({"name": "rm", "arguments": {}}, "unknown tool"),

@@ -46,7 +46,9 @@ def test_scripted_oracle_solves_through_the_real_grader(clamp_task, action_forma
 @pytest.mark.slow
 def test_noisy_oracle_varies_but_still_solves(clamp_task):
     recs = run_episodes(
-        [EpisodeSpec(clamp_task, get_effort("max"), seed=s) for s in range(4)], ScriptedModel(noisy=True), concurrency=4
+        [EpisodeSpec(clamp_task, get_effort("max"), seed=s) for s in range(4)],
+        ScriptedModel(noisy=True),
+        concurrency=4,
     )
     assert all(r["success"] for r in recs)
     assert len({r["n_turns"] for r in recs}) > 1
@@ -87,7 +89,9 @@ def test_cohorts_take_turns_and_run_the_same_episodes_as_lockstep(clamp_task):
         runs[n] = (sorted(recs, key=lambda r: r["id"]), model.batches)
     (lockstep, one_batches), (cohorts, two_batches) = runs[1], runs[2]
     assert [r["id"] for r in cohorts] == [s.id for s in specs]
-    assert [[t["text"] for t in r["turns"]] for r in cohorts] == [[t["text"] for t in r["turns"]] for r in lockstep]
+    assert [[t["text"] for t in r["turns"]] for r in cohorts] == [
+        [t["text"] for t in r["turns"]] for r in lockstep
+    ]
     assert [r["success"] for r in cohorts] == [r["success"] for r in lockstep]
     assert max(map(len, one_batches)) == 4 and max(map(len, two_batches)) == 2
     first, second = set(two_batches[0]), set(two_batches[1])
@@ -105,10 +109,10 @@ def test_cost_is_priced_from_usage_and_compute_time(clamp_task):
     "ending,model,overrides",
     [
         ("submitted", FakeModel(text("<submit/>")), {}),
-        ("turn_limit", FakeModel(text("<view path=\"mathx.py\"/>")), {"max_turns": 2}),
-        ("token_limit", FakeModel(text("<view path=\"mathx.py\"/>", tokens=400)), {"max_tokens": 1000}),
-        ("time_limit", FakeModel(text("<view path=\"mathx.py\"/>")), {"wall_s": 0.0}),
-        ("cost_limit", FakeModel(text("<view path=\"mathx.py\"/>")), {"max_cost": 1e-9}),
+        ("turn_limit", FakeModel(text('<view path="mathx.py"/>')), {"max_turns": 2}),
+        ("token_limit", FakeModel(text('<view path="mathx.py"/>', tokens=400)), {"max_tokens": 1000}),
+        ("time_limit", FakeModel(text('<view path="mathx.py"/>')), {"wall_s": 0.0}),
+        ("cost_limit", FakeModel(text('<view path="mathx.py"/>')), {"max_cost": 1e-9}),
         ("context_exhausted", FakeModel(text("", finish_reason="context")), {}),
         ("format_errors", FakeModel(text("I am thinking about it.")), {}),
         ("model_error", FakeModel(text("", finish_reason="error", error="server exploded")), {}),
@@ -149,8 +153,14 @@ def test_the_time_limit_counts_an_attempts_own_seconds_not_its_neighbours(clamp_
 
 def test_endings_list_is_complete():
     assert set(ENDINGS) == {
-        "submitted", "turn_limit", "token_limit", "time_limit", "cost_limit",
-        "context_exhausted", "format_errors", "model_error",
+        "submitted",
+        "turn_limit",
+        "token_limit",
+        "time_limit",
+        "cost_limit",
+        "context_exhausted",
+        "format_errors",
+        "model_error",
     }
 
 
@@ -161,7 +171,11 @@ def test_self_compaction_shortens_old_observations(clamp_task):
         calls["n"] += 1
         if calls["n"] == 4:
             return Completion("", prompt_tokens=10, completion_tokens=1, finish_reason="context")
-        return Completion('<view path="mathx.py"/>' if calls["n"] < 5 else "<submit/>", prompt_tokens=10, completion_tokens=5)
+        return Completion(
+            '<view path="mathx.py"/>' if calls["n"] < 5 else "<submit/>",
+            prompt_tokens=10,
+            completion_tokens=5,
+        )
 
     rec = run(clamp_task, FakeModel(reply))
     assert rec["ending"] == "submitted" and rec["compactions"] == 1
@@ -207,7 +221,9 @@ def test_agent_cannot_see_hidden_tests_through_any_tool(clamp_task):
         "<submit/>",
     ]
     it = iter(probes)
-    rec = run(clamp_task, FakeModel(lambda r: Completion(next(it), prompt_tokens=1, completion_tokens=1)), "max")
+    rec = run(
+        clamp_task, FakeModel(lambda r: Completion(next(it), prompt_tokens=1, completion_tokens=1)), "max"
+    )
     observations = [t["text"] for t in rec["turns"] if t["role"] == "tool"]
     assert len(observations) == len(probes)
     assert not any("test_clamp_low" in o for o in observations), observations
@@ -234,5 +250,7 @@ def test_effort_marker_reaches_the_system_prompt(clamp_task):
     for effort in ("medium", "high", "max"):
         run(clamp_task, model, effort)
     systems = [r.messages[0]["content"] for r in model.requests]
-    assert [get_effort(e).marker in s for e, s in zip(("medium", "high", "max"), systems, strict=True)] == [True] * 3
+    assert [get_effort(e).marker in s for e, s in zip(("medium", "high", "max"), systems, strict=True)] == [
+        True
+    ] * 3
     assert dataclasses.asdict(get_effort("max"))["max_turns"] > get_effort("medium").max_turns

@@ -29,14 +29,23 @@ def test_an_exact_unique_old_text_is_replaced(tools, tmp_path):
 
 def test_an_old_text_that_is_missing_or_repeated_changes_nothing(tools, tmp_path):
     assert edit(tools, "if y:\n", "").text == "error: the old text was not found in a.py"
-    assert edit(tools, "    return 0\n", "").text == "error: the old text was found 2 times; make it unique in a.py"
+    assert (
+        edit(tools, "    return 0\n", "").text
+        == "error: the old text was found 2 times; make it unique in a.py"
+    )
     assert (tmp_path / "a.py").read_text() == SOURCE
 
 
 def test_an_old_text_with_other_indentation_is_matched_and_new_is_shifted_alike(tools, tmp_path):
-    r = edit(tools, "        if x > 1:\n            return x\n\n", "        if x >= 1:\n            return x + 1\n")
-    assert r.edited and r.text.startswith("edited a.py at line 2 (the old text matched with other indentation)")
-    assert (tmp_path / "a.py").read_text() == SOURCE.replace("x > 1", "x >= 1").replace("return x\n", "return x + 1\n")
+    r = edit(
+        tools, "        if x > 1:\n            return x\n\n", "        if x >= 1:\n            return x + 1\n"
+    )
+    assert r.edited and r.text.startswith(
+        "edited a.py at line 2 (the old text matched with other indentation)"
+    )
+    assert (tmp_path / "a.py").read_text() == SOURCE.replace("x > 1", "x >= 1").replace(
+        "return x\n", "return x + 1\n"
+    )
     r = edit(tools, "if x >= 1:\n", "if x > 2:\n")  # shifted the other way: indentation added to new
     assert r.edited and "    if x > 2:\n" in (tmp_path / "a.py").read_text()
 
@@ -79,14 +88,23 @@ def test_a_call_no_file_system_can_take_is_refused_not_raised(clamp_task, tmp_pa
 
     (tmp_path / "a.py").write_text(SOURCE)
     tools = Tools(clamp_task, tmp_path, sandbox=get_sandbox())
-    for action in (Action("view", {"path": "a\0.py"}), Action("shell", {"command": "cat a.py\0"}),
-                   Action("edit", {"path": "a.py", "old": "x\0", "new": ""})):
+    for action in (
+        Action("view", {"path": "a\0.py"}),
+        Action("shell", {"command": "cat a.py\0"}),
+        Action("edit", {"path": "a.py", "old": "x\0", "new": ""}),
+    ):
         r = tools.execute(action)
         assert not r.ok and r.text == f"error: the {action.name} call holds a NUL byte"
-    for action in (Action("view", {"path": "x" * 300 + ".py"}), Action("edit", {"path": "d/" + "x" * 300, "old": "", "new": "1"})):
+    for action in (
+        Action("view", {"path": "x" * 300 + ".py"}),
+        Action("edit", {"path": "d/" + "x" * 300, "old": "", "new": "1"}),
+    ):
         r = tools.execute(action)
         assert not r.ok and r.text.endswith("is longer than 255 bytes"), r.text
-    for action in (Action("view", {"path": "a.py/b.py"}), Action("edit", {"path": "a.py/b.py", "old": "", "new": "1"})):
+    for action in (
+        Action("view", {"path": "a.py/b.py"}),
+        Action("edit", {"path": "a.py/b.py", "old": "", "new": "1"}),
+    ):
         r = tools.execute(action)  # a file taken for a directory
         assert not r.ok and r.text.startswith("error: "), r.text
     assert (tmp_path / "a.py").read_text() == SOURCE and not (tmp_path / "d").exists()

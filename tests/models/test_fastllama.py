@@ -136,7 +136,9 @@ def test_fast_engine_is_deterministic_and_sees_in_place_weight_updates(tiny):
     first = engine.generate(sampled)
     again = engine.generate(sampled)
     assert [c.token_ids for c in again] == [c.token_ids for c in first]
-    for a, f in zip(again, first, strict=True):  # the second call reuses stored keys and values: equal up to rounding
+    for a, f in zip(
+        again, first, strict=True
+    ):  # the second call reuses stored keys and values: equal up to rounding
         assert a.logprobs == pytest.approx(f.logprobs, abs=1e-5)
     weight = model.model.layers[0].mlp.down_proj.weight
     saved = weight.detach().clone()
@@ -222,9 +224,17 @@ def test_prefix_store_finds_the_longest_match_and_keeps_within_its_bytes():
 
 def _turns(engine, first: list[Request], answers) -> list[Request]:
     return [
-        Request(messages=r.messages + [{"role": "assistant", "content": a.text},
-                                       {"role": "user", "content": f"exit code {i}\nok " * 3}],
-                max_tokens=10, temperature=1.0, top_p=0.9, seed=50 + i)
+        Request(
+            messages=r.messages
+            + [
+                {"role": "assistant", "content": a.text},
+                {"role": "user", "content": f"exit code {i}\nok " * 3},
+            ],
+            max_tokens=10,
+            temperature=1.0,
+            top_p=0.9,
+            seed=50 + i,
+        )
         for i, (r, a) in enumerate(zip(first, answers, strict=True))
     ]
 
@@ -234,14 +244,26 @@ def test_a_next_turn_reuses_the_stored_sequence_and_samples_the_same(tiny):
     engine = TorchEngine(model, tokenizer)
     plain = TorchEngine(model, tokenizer, prefix_cache_mb=0)
     assert plain.prefix_store is None
-    first = [Request(messages=[{"role": "system", "content": "You fix bugs. " * 4},
-                               {"role": "user", "content": f"task {i}: def add(a, b):"}],
-                     max_tokens=12, temperature=1.0, top_p=0.9, seed=i) for i in range(4)]
+    first = [
+        Request(
+            messages=[
+                {"role": "system", "content": "You fix bugs. " * 4},
+                {"role": "user", "content": f"task {i}: def add(a, b):"},
+            ],
+            max_tokens=12,
+            temperature=1.0,
+            top_p=0.9,
+            seed=i,
+        )
+        for i in range(4)
+    ]
     answers = engine.generate(first)
     assert engine.prefix_store.hits == 0 and len(engine.prefix_store.entries) == 4
     second = _turns(engine, first, answers)
     got, want = engine.generate(second), plain.generate(second)
-    assert engine.prefix_store.hits == 4 and engine.prefix_store.reused >= sum(len(a.prompt_ids) for a in answers)
+    assert engine.prefix_store.hits == 4 and engine.prefix_store.reused >= sum(
+        len(a.prompt_ids) for a in answers
+    )
     for g, w in zip(got, want, strict=True):
         assert g.token_ids == w.token_ids and g.kept == w.kept and g.prompt_ids == w.prompt_ids
         assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
@@ -261,13 +283,17 @@ def test_the_prefix_store_is_emptied_when_the_weights_change_by_any_path(tiny):
     finally:
         weight.data.copy_(saved)
     assert engine.prefix_store.hits == 0
-    assert got[0].token_ids == want[0].token_ids and got[0].logprobs == pytest.approx(want[0].logprobs, abs=1e-4)
+    assert got[0].token_ids == want[0].token_ids and got[0].logprobs == pytest.approx(
+        want[0].logprobs, abs=1e-4
+    )
 
 
 def test_without_the_prefix_store_a_repeated_call_is_bitwise_the_same(tiny):
     model, tokenizer = tiny
     engine = TorchEngine(model, tokenizer, eos_ids=[], prefix_cache_mb=0)
-    sampled = [Request(messages=r.messages, max_tokens=8, temperature=1.0, top_p=0.9, seed=i)
-               for i, r in enumerate(requests())]
+    sampled = [
+        Request(messages=r.messages, max_tokens=8, temperature=1.0, top_p=0.9, seed=i)
+        for i, r in enumerate(requests())
+    ]
     first, again = engine.generate(sampled), engine.generate(sampled)
     assert [c.logprobs for c in again] == [c.logprobs for c in first]

@@ -41,7 +41,7 @@ def middle(s):
     return s[len(s) // 2]
 '''
 BUGGY = GOOD.replace("return hi - lo", "return hi + lo")
-TESTS = '''from mathx import clamp, span
+TESTS = """from mathx import clamp, span
 
 
 def test_clamp_high():
@@ -50,7 +50,7 @@ def test_clamp_high():
 
 def test_span():
     assert span(2, 5) == 3
-'''
+"""
 
 
 def test_candidates_include_the_inverse_of_the_bug_and_undo_cleanly():
@@ -58,7 +58,11 @@ def test_candidates_include_the_inverse_of_the_bug_and_undo_cleanly():
     assert searched_function("`clamp(6, 0, 5)` is wrong", BUGGY) == "clamp"
     assert lines == set(range(1, 16))  # the `def` line and 20 after it, clipped to the file
     candidates = repair_candidates(BUGGY, lines)
-    assert (11, " +", " -") in candidates and (3, " <", " <=") in candidates and (5, " x", " not x") in candidates
+    assert (
+        (11, " +", " -") in candidates
+        and (3, " <", " <=") in candidates
+        and (5, " x", " not x") in candidates
+    )
     assert all(c[0] in lines for c in candidates)
     text = BUGGY.splitlines()
     for line, old, new in candidates:
@@ -85,9 +89,15 @@ def test_try_command_keeps_a_passing_repair_and_undoes_a_failing_one(tmp_path, c
 def write_clamp_task(dest: Path, instruction: str):
     return write_task(
         dest,
-        toml=task_toml(id=dest.name, instruction=instruction, test_command="python -m pytest -q tests",
-                       fail_to_pass=["tests/test_mathx.py::test_span"],
-                       pass_to_pass=["tests/test_mathx.py::test_clamp_high"], timeout_s=30, meta={"split": "train"}),
+        toml=task_toml(
+            id=dest.name,
+            instruction=instruction,
+            test_command="python -m pytest -q tests",
+            fail_to_pass=["tests/test_mathx.py::test_span"],
+            pass_to_pass=["tests/test_mathx.py::test_clamp_high"],
+            timeout_s=30,
+            meta={"split": "train"},
+        ),
         repo={"mathx.py": BUGGY, "tests/test_mathx.py": TESTS},
         hidden_tests={"tests/test_mathx.py": TESTS},
         solution_patch=make_patch({"mathx.py": BUGGY}, {"mathx.py": GOOD}),
@@ -96,8 +106,11 @@ def write_clamp_task(dest: Path, instruction: str):
 
 def test_searcher_finds_the_repair_through_the_real_harness(tmp_path):
     task = write_clamp_task(tmp_path / "clamp", "`span(2, 5)` returns 7 but it should return 3.")
-    recs = run_episodes([EpisodeSpec(task, get_effort("max"), seed=s) for s in range(2)],
-                        ScriptedModel(search=True), concurrency=2)
+    recs = run_episodes(
+        [EpisodeSpec(task, get_effort("max"), seed=s) for s in range(2)],
+        ScriptedModel(search=True),
+        concurrency=2,
+    )
     for rec in recs:
         tools = [t for t in rec["turns"] if t["role"] == "tool"]
         assert rec["success"] and rec["ending"] == "submitted" and rec["steps_to_first_edit"] == 2
@@ -107,8 +120,12 @@ def test_searcher_finds_the_repair_through_the_real_harness(tmp_path):
 
 
 def test_searcher_gives_up_after_its_quota_when_no_repair_is_the_fix(tmp_path):
-    task = write_clamp_task(tmp_path / "clamp", "`middle('abc')` crashes.")  # the function called is not the bug's
-    rec = run_episodes([EpisodeSpec(task, get_effort("medium"))], ScriptedModel(search=True), concurrency=1)[0]
+    task = write_clamp_task(
+        tmp_path / "clamp", "`middle('abc')` crashes."
+    )  # the function called is not the bug's
+    rec = run_episodes([EpisodeSpec(task, get_effort("medium"))], ScriptedModel(search=True), concurrency=1)[
+        0
+    ]
     tools = [t["name"] for t in rec["turns"] if t["role"] == "tool"]
     assert SEARCH_TRIES["medium"] == 4  # and `middle` has four candidates: all are tried
     assert not rec["success"] and tools == ["shell"] * (1 + 4) + ["submit"]
@@ -117,8 +134,12 @@ def test_searcher_gives_up_after_its_quota_when_no_repair_is_the_fix(tmp_path):
 # ----------------------------------------------------------------------------------- scripted-sweep
 
 
-@pytest.mark.parametrize(("old", "new", "fixes"), [(" + ", " - ", True), (" // ", " * ", False), (" is ", " is not ", False)])
-def test_sweep_command_keeps_the_first_passing_repair_and_restores_the_module_otherwise(tmp_path, old, new, fixes):
+@pytest.mark.parametrize(
+    ("old", "new", "fixes"), [(" + ", " - ", True), (" // ", " * ", False), (" is ", " is not ", False)]
+)
+def test_sweep_command_keeps_the_first_passing_repair_and_restores_the_module_otherwise(
+    tmp_path, old, new, fixes
+):
     (tmp_path / "mathx.py").write_text(BUGGY)
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_mathx.py").write_text(TESTS)
@@ -128,10 +149,13 @@ def test_sweep_command_keeps_the_first_passing_repair_and_restores_the_module_ot
     assert (tmp_path / "mathx.py").read_text() == (GOOD if fixes else BUGGY)  # `//` is swept, no test passes
 
 
-@pytest.mark.parametrize(("source", "call", "old", "new"), [
-    ("def f(x):\n    return x * 2\n", "f(4) == 2", " * ", " / "),
-    ("def f(s):\n    return s[len(s) - 1 + 1]\n", "f('abc') == 'c'", " + 1]", "]"),
-])
+@pytest.mark.parametrize(
+    ("source", "call", "old", "new"),
+    [
+        ("def f(x):\n    return x * 2\n", "f(4) == 2", " * ", " / "),
+        ("def f(s):\n    return s[len(s) - 1 + 1]\n", "f('abc') == 'c'", " + 1]", "]"),
+    ],
+)
 def test_sweep_command_escapes_what_sed_would_read_as_regex(tmp_path, source, call, old, new):
     (tmp_path / "m.py").write_text(source)  # unescaped, ` * ` would match the indent first
     (tmp_path / "tests").mkdir()
@@ -156,15 +180,24 @@ def test_sweeper_needs_no_oracle_and_sweeps_its_quota_per_effort(tmp_path):
             plan = sweep_plan(str(task), effort, seed)
             assert plan == sweep_plan(str(other), effort, seed)  # the reference fix plays no part
             sweeps = [a for a in plan if "T;=" in a.args.get("command", "")]
-            assert len(sweeps) == tries == len({a.args["command"] for a in sweeps}) and plan[-1].name == "submit"
-            assert plan[: len(plan) - tries - 1] == [a for a in SWEEP_LOOKS if a in plan[: len(plan) - tries - 1]]
+            assert (
+                len(sweeps) == tries == len({a.args["command"] for a in sweeps}) and plan[-1].name == "submit"
+            )
+            assert plan[: len(plan) - tries - 1] == [
+                a for a in SWEEP_LOOKS if a in plan[: len(plan) - tries - 1]
+            ]
 
 
 def test_sweeper_submits_after_the_sweep_that_fixes_it_through_the_real_harness(tmp_path):
     task = write_clamp_task(tmp_path / "clamp", "`span(2, 5)` returns 7 but it should return 3.")
-    recs = run_episodes([EpisodeSpec(task, get_effort("max"), seed=s) for s in range(4)],
-                        ScriptedModel(sweep=True), concurrency=2)
-    fix = sweep_command(" + ", " - ", "python -m pytest -q tests")  # 16 of the 23 sweeps: not always among them
+    recs = run_episodes(
+        [EpisodeSpec(task, get_effort("max"), seed=s) for s in range(4)],
+        ScriptedModel(sweep=True),
+        concurrency=2,
+    )
+    fix = sweep_command(
+        " + ", " - ", "python -m pytest -q tests"
+    )  # 16 of the 23 sweeps: not always among them
     for rec in recs:
         calls = [t for t in rec["turns"] if t["role"] == "assistant"]
         tools = [t for t in rec["turns"] if t["role"] == "tool"]

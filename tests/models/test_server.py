@@ -207,7 +207,9 @@ def test_batcher_caps_batches_and_fails_after_close(shout):
 # ------------------------------------------------------------------------------------------ the CLI
 
 
-@pytest.mark.parametrize("stop, ignored", [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False)])
+@pytest.mark.parametrize(
+    "stop, ignored", [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False)]
+)
 def test_serve_command_serves_until_interrupted(stop, ignored):
     """`ignored`: started with SIGINT ignored, as a background job of a non-interactive shell is."""
     proc = subprocess.Popen(

@@ -79,7 +79,11 @@ def test_split_symbols_spells_a_line_number_and_an_operator_alike_in_a_listing_a
 
     def tokens(tok, text, part):  # the tokens that overlap `part` where it first stands in `text`
         enc, start = tok.encode(text), text.index(part)
-        return [t for t, (a, b) in zip(enc.tokens, enc.offsets, strict=True) if a < start + len(part) and b > start]
+        return [
+            t
+            for t, (a, b) in zip(enc.tokens, enc.offsets, strict=True)
+            if a < start + len(part) and b > start
+        ]
 
     assert "Ġ16" in tokens(plain, listing, "16") and tokens(plain, command, "16") == ["16"]  # two spellings
     assert "Ġ<" in tokens(plain, listing, " <") and "Ġ<" not in tokens(plain, command, " <")

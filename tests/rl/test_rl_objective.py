@@ -39,7 +39,15 @@ def test_reward_rejects_bad_prices(cost, lam):
 
 def test_length_penalty_phases_alternate_success_only_first():
     assert [length_penalty_on(step, 1) for step in range(1, 6)] == [False, True, False, True, False]
-    assert [length_penalty_on(step, 2) for step in range(1, 8)] == [False, False, True, True, False, False, True]
+    assert [length_penalty_on(step, 2) for step in range(1, 8)] == [
+        False,
+        False,
+        True,
+        True,
+        False,
+        False,
+        True,
+    ]
     assert all(length_penalty_on(step, 0) for step in range(1, 4))
 
 

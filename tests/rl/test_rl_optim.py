@@ -225,7 +225,9 @@ def test_train_top_layers_freezes_everything_below_them():
     model = make_model("tied")
     n = train_top_layers(model, 1)
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-    assert trainable == {name for name, _ in model.named_parameters() if name.startswith(("layers.1.", "norm."))}
+    assert trainable == {
+        name for name, _ in model.named_parameters() if name.startswith(("layers.1.", "norm."))
+    }
     assert n == sum(p.numel() for p in model.parameters() if p.requires_grad)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     train_step(model, build_optimizer(model, "muon", lr=1e-2), seed=0)

@@ -115,17 +115,23 @@ def test_shifted_lines_match_a_real_listing_and_real_sed(tmp_path):
     (tmp_path / "a" / "m.py").write_text(source)
     line, old, new = repair_candidates(source, set(range(1, len(source.splitlines()) + 1)))[-1]
     listing = subprocess.run(["cat", "-n", "m.py"], cwd=tmp_path / "a", capture_output=True, text=True).stdout
-    conv = [{"role": "system", "content": "sed -i '3s/a/b/' is the form"},
-            {"role": "assistant", "content": "<shell>cat -n *.py</shell>"},
-            {"role": "user", "content": "exit code 0\n" + listing},
-            {"role": "assistant", "content": f"<shell>{try_command('*.py', line, old, new, 'true')}</shell>"}]
+    conv = [
+        {"role": "system", "content": "sed -i '3s/a/b/' is the form"},
+        {"role": "assistant", "content": "<shell>cat -n *.py</shell>"},
+        {"role": "user", "content": "exit code 0\n" + listing},
+        {"role": "assistant", "content": f"<shell>{try_command('*.py', line, old, new, 'true')}</shell>"},
+    ]
     out = shift_lines(conv, random.Random(1), 12)
     assert out[:2] == conv[:2] and out != conv
     shown = out[2]["content"].removeprefix("exit code 0\n")
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "m.py").write_text("".join(row.split("\t", 1)[1] + "\n" for row in shown.splitlines()))
-    relisted = subprocess.run(["cat", "-n", "m.py"], cwd=tmp_path / "b", capture_output=True, text=True).stdout
-    assert relisted == shown and len(shown.splitlines()) > len(listing.splitlines())  # what `cat -n` would show
+    relisted = subprocess.run(
+        ["cat", "-n", "m.py"], cwd=tmp_path / "b", capture_output=True, text=True
+    ).stdout
+    assert relisted == shown and len(shown.splitlines()) > len(
+        listing.splitlines()
+    )  # what `cat -n` would show
     for where, conversation in (("a", conv), ("b", out)):
         command = conversation[3]["content"].removeprefix("<shell>").removesuffix("</shell>")
         assert get_sandbox().run(tmp_path / where, ["bash", "-c", command]).output == "fixed\n"

@@ -46,16 +46,22 @@ def test_an_sft_base_is_evaluated_under_the_harness_it_learned(base):
     from flywheel.rl.sft import trained_harness
 
     info = json.loads((base / "sft_config.json").read_text())
-    assert trained_harness(f"hf:{base}") == {"action_format": "tagged",
-                                             "observation_chars": info["config"]["data"]["observation_chars"]}
+    assert trained_harness(f"hf:{base}") == {
+        "action_format": "tagged",
+        "observation_chars": info["config"]["data"]["observation_chars"],
+    }
     assert trained_harness("scripted") == {} and trained_harness(f"hf:{base / 'missing'}") == {}
 
 
 def test_sft_learns_only_the_assistant_tokens():
     from flywheel.models.tiny import CHAT_TEMPLATE, train_tokenizer, wrap_tokenizer
 
-    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix it"},
-                {"role": "assistant", "content": "<run_tests/>"}, {"role": "user", "content": "1 failed"}]
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "fix it"},
+        {"role": "assistant", "content": "<run_tests/>"},
+        {"role": "user", "content": "1 failed"},
+    ]
     text, spans = render_with_spans(messages)
     tok = wrap_tokenizer(train_tokenizer([text] * 4, 300), CHAT_TEMPLATE)
     assert text == tok.apply_chat_template(messages, tokenize=False)  # the engine renders the same text
@@ -69,21 +75,38 @@ def test_sft_learns_only_the_assistant_tokens():
 
 
 def test_messages_of_a_record_replays_the_conversation():
-    record = {"turns": [{"role": "system", "text": "s"}, {"role": "user", "text": "u"},
-                        {"role": "assistant", "text": "<view path=\"a.py\"/>"},
-                        {"role": "tool", "name": "view", "text": "1| x"},
-                        {"role": "assistant", "text": "oops"},
-                        {"role": "tool", "name": "format_error", "text": "error: no action"}]}
-    assert [m["role"] for m in messages_of(record)] == ["system", "user", "assistant", "user", "assistant", "user"]
+    record = {
+        "turns": [
+            {"role": "system", "text": "s"},
+            {"role": "user", "text": "u"},
+            {"role": "assistant", "text": '<view path="a.py"/>'},
+            {"role": "tool", "name": "view", "text": "1| x"},
+            {"role": "assistant", "text": "oops"},
+            {"role": "tool", "name": "format_error", "text": "error: no action"},
+        ]
+    }
+    assert [m["role"] for m in messages_of(record)] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+    ]
     assert messages_of(record)[-1]["content"] == "error: no action"
 
 
 def test_sft_does_not_learn_the_teachers_malformed_actions():
-    record = {"turns": [{"role": "system", "text": "s"}, {"role": "user", "text": "u"},
-                        {"role": "assistant", "text": "I will look first."},
-                        {"role": "tool", "name": "format_error", "text": "error: no action found"},
-                        {"role": "assistant", "text": "<run_tests/>"},
-                        {"role": "tool", "name": "run_tests", "text": "1 failed"}]}
+    record = {
+        "turns": [
+            {"role": "system", "text": "s"},
+            {"role": "user", "text": "u"},
+            {"role": "assistant", "text": "I will look first."},
+            {"role": "tool", "name": "format_error", "text": "error: no action found"},
+            {"role": "assistant", "text": "<run_tests/>"},
+            {"role": "tool", "name": "run_tests", "text": "1 failed"},
+        ]
+    }
     text, spans = render_with_spans(messages_of(record))
     assert "I will look first." in text  # still context: the model sees the recovery
     assert [text[a:b] for a, b in spans] == ["<run_tests/><|im_end|>"]
@@ -95,7 +118,9 @@ def test_deterministic_runs_are_byte_identical_and_resume_continues_the_same(bas
     train(quick(base), b)
     assert (a / "metrics.jsonl").read_bytes() == (b / "metrics.jsonl").read_bytes()
     for name in ("model.safetensors", "optimizer.pt"):
-        assert (a / "checkpoints/step-000002" / name).read_bytes() == (b / "checkpoints/step-000002" / name).read_bytes()
+        assert (a / "checkpoints/step-000002" / name).read_bytes() == (
+            b / "checkpoints/step-000002" / name
+        ).read_bytes()
     # an interrupted run (one step, then a torn line) resumes to the same metrics
     train(quick(base, steps=1), c)
     with (c / "metrics.jsonl").open("a") as f:
@@ -104,8 +129,21 @@ def test_deterministic_runs_are_byte_identical_and_resume_continues_the_same(bas
     assert (c / "metrics.jsonl").read_bytes() == (a / "metrics.jsonl").read_bytes()
     assert len(rows) == 2
     keys = rows[0].keys()
-    for key in ("reward", "success", "cost", "turns", "tokens", "loss", "entropy", "is_weight_mean", "kl_k3",
-                "grad_norm", "medium/success", "high/reward", "max/turns"):
+    for key in (
+        "reward",
+        "success",
+        "cost",
+        "turns",
+        "tokens",
+        "loss",
+        "entropy",
+        "is_weight_mean",
+        "kl_k3",
+        "grad_norm",
+        "medium/success",
+        "high/reward",
+        "max/turns",
+    ):
         assert key in keys
     records = [json.loads(line) for line in (a / "trajectories.jsonl").read_text().splitlines()]
     assert len(records) == 2 * 2 * 3 * 2 and all("advantage" in r["rl"] for r in records)
@@ -115,17 +153,21 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
     from flywheel.cli import main
 
     bad = tmp_path / "bad.toml"
-    for body, needle in [("[optim]\nlr = 'fast'\n", "'lr'"), ("[rollout]\nsteps = 3\n", "'steps'"),
-                         ("[model]\npath = '/nope'\n", "[model] path"), ("[optim]\nkind = 'sgd'\n", "[optim] kind"),
-                         ("[objective]\npack_tokens = 0\n", "[objective] pack_tokens"),
-                         ("[tasks]\nrename = 2\n", "[tasks] rename"),
-                         ("[rollout]\ncohorts = 0\n", "[rollout] cohorts"),
-                         ("[train]\nupdate_threads = -1\n", "[train] update_threads"),
-                         ("[reward]\nlength_penalty = -0.1\n", "[reward] length_penalty"),
-                         ("[reward]\nlength_budget = { turbo = 3 }\n", "[reward] length_budget"),
-                         ("[reward]\nlength_scope = 'some'\n", "[reward] length_scope"),
-                         ("[loop]\nbackend = 'local'\n[train]\nmax_minutes = 5\n", "[train] max_minutes"),
-                         ("[loop]\nbackend = 'local'\n[tasks]\nrecurate_every = 2\n", "[tasks] recurate_every")]:
+    for body, needle in [
+        ("[optim]\nlr = 'fast'\n", "'lr'"),
+        ("[rollout]\nsteps = 3\n", "'steps'"),
+        ("[model]\npath = '/nope'\n", "[model] path"),
+        ("[optim]\nkind = 'sgd'\n", "[optim] kind"),
+        ("[objective]\npack_tokens = 0\n", "[objective] pack_tokens"),
+        ("[tasks]\nrename = 2\n", "[tasks] rename"),
+        ("[rollout]\ncohorts = 0\n", "[rollout] cohorts"),
+        ("[train]\nupdate_threads = -1\n", "[train] update_threads"),
+        ("[reward]\nlength_penalty = -0.1\n", "[reward] length_penalty"),
+        ("[reward]\nlength_budget = { turbo = 3 }\n", "[reward] length_budget"),
+        ("[reward]\nlength_scope = 'some'\n", "[reward] length_scope"),
+        ("[loop]\nbackend = 'local'\n[train]\nmax_minutes = 5\n", "[train] max_minutes"),
+        ("[loop]\nbackend = 'local'\n[tasks]\nrecurate_every = 2\n", "[tasks] recurate_every"),
+    ]:
         bad.write_text(body)
         with pytest.raises(SystemExit) as exit_:
             main(["train", str(bad), "--out", str(tmp_path / "r")])
@@ -162,9 +204,17 @@ def test_recuration_drops_always_solved_and_never_solved_tasks_and_keeps_unmeasu
     tasks = [SimpleNamespace(id=name) for name in ("easy", "hard", "some", "new")]
     cfg = RunConfig()
     cfg.tasks.recurate_every, cfg.tasks.p_max, cfg.tasks.recurate_window = 2, 0.75, 8
-    history = [{"task_id": t, "success": ok, "policy_version": 1, "step": 2}
-               for t, ok in [("easy", True), ("easy", True), ("hard", False), ("hard", False),
-                             ("some", True), ("some", False)]]
+    history = [
+        {"task_id": t, "success": ok, "policy_version": 1, "step": 2}
+        for t, ok in [
+            ("easy", True),
+            ("easy", True),
+            ("hard", False),
+            ("hard", False),
+            ("some", True),
+            ("some", False),
+        ]
+    ]
     assert [t.id for t in curated(tasks, history, cfg, step=2)] == ["easy", "hard", "some", "new"]  # not yet
     assert [t.id for t in curated(tasks, history, cfg, step=3)] == ["some", "new"]
     cfg.tasks.recurate_every = 0
@@ -195,18 +245,28 @@ def test_weighted_loss_is_the_action_loss_when_context_weighs_nothing(tmp_path):
     from flywheel.models.torch_engine import load_torch_model
     from flywheel.rl.sft import collate, weighted_loss
 
-    messages = [{"role": "user", "content": "fix add.py"}, {"role": "assistant", "content": "<view path=\"add.py\"/>"},
-                {"role": "user", "content": "1| def add(a, b):"}, {"role": "assistant", "content": "<submit/>"}]
-    build_tiny_model(tmp_path / "m", [render_with_spans(messages)[0]] * 4, vocab_size=300, hidden=32, layers=1, heads=2)
+    messages = [
+        {"role": "user", "content": "fix add.py"},
+        {"role": "assistant", "content": '<view path="add.py"/>'},
+        {"role": "user", "content": "1| def add(a, b):"},
+        {"role": "assistant", "content": "<submit/>"},
+    ]
+    build_tiny_model(
+        tmp_path / "m", [render_with_spans(messages)[0]] * 4, vocab_size=300, hidden=32, layers=1, heads=2
+    )
     engine = load_torch_model(f"hf:{tmp_path / 'm'}")
     ids, mask, weights = collate([encode(engine.tokenizer, messages, 512)], engine.tokenizer.pad_token_id)
     labels = torch.where(weights == 1.0, ids, torch.full_like(ids, -100))
     reference = engine.model(input_ids=ids, attention_mask=mask, labels=labels).loss
     objective, action = weighted_loss(engine.model, ids, mask, weights)
     assert torch.allclose(objective, reference, atol=1e-5) and torch.allclose(action, reference, atol=1e-5)
-    ids, mask, weights = collate([encode(engine.tokenizer, messages, 512, 0.5)], engine.tokenizer.pad_token_id)
+    ids, mask, weights = collate(
+        [encode(engine.tokenizer, messages, 512, 0.5)], engine.tokenizer.pad_token_id
+    )
     objective, action = weighted_loss(engine.model, ids, mask, weights)
-    assert torch.allclose(action, reference, atol=1e-5) and not torch.allclose(objective, reference, atol=1e-3)
+    assert torch.allclose(action, reference, atol=1e-5) and not torch.allclose(
+        objective, reference, atol=1e-3
+    )
 
 
 def test_a_copy_example_learns_only_the_predictable_part_of_the_repeat():
@@ -281,18 +341,26 @@ def test_sft_refuses_more_train_layers_than_the_model_has(base, tmp_path, capsys
     from flywheel.cli import main
 
     bad = tmp_path / "bad.toml"
-    bad.write_text(f"[data]\nepisodes = 2\nconcurrency = 2\n[model]\ninit = \"hf:{base}\"\n[train]\ntrain_layers = 9\n")
+    bad.write_text(
+        f'[data]\nepisodes = 2\nconcurrency = 2\n[model]\ninit = "hf:{base}"\n[train]\ntrain_layers = 9\n'
+    )
     with pytest.raises(SystemExit) as exit_:
         main(["sft", str(bad), "--out", str(tmp_path / "tuned")])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and err == "flywheel: error: train.train_layers = 9: the model has 2 decoder layers\n"
+    assert (
+        exit_.value.code == 2
+        and err == "flywheel: error: train.train_layers = 9: the model has 2 decoder layers\n"
+    )
     assert not (tmp_path / "tuned").exists() and not (tmp_path / ".tuned.building").exists()
-    bad.write_text("[data]\nepisodes = 2\n[model]\nlayers = 2\n[train]\ntrain_layers = 3\n")  # a new tiny model
+    bad.write_text(
+        "[data]\nepisodes = 2\n[model]\nlayers = 2\n[train]\ntrain_layers = 3\n"
+    )  # a new tiny model
     with pytest.raises(SystemExit) as exit_:
         main(["sft", str(bad), "--out", str(tmp_path / "tuned")])
     err = capsys.readouterr().err  # one line, before any data is collected
-    assert exit_.value.code == 2 and err == ("flywheel: error: train.train_layers = 3: must be 0 (all) or at most "
-                                             "the model's 2 layers\n")
+    assert exit_.value.code == 2 and err == (
+        "flywheel: error: train.train_layers = 3: must be 0 (all) or at most the model's 2 layers\n"
+    )
 
 
 def test_the_runs_engine_keeps_the_prefix_cache_the_config_asks_for(base):
@@ -309,8 +377,20 @@ def test_calibrate_measures_every_rung_of_every_level_and_writes_lambdas(base, t
     from flywheel.cli import main
 
     with pytest.raises(SystemExit) as exit_:
-        main(["calibrate", str(ROOT / "configs" / "quick.toml"), "--model", str(base), "--out", str(tmp_path),
-              "--limit", "2", "--samples", "1"])
+        main(
+            [
+                "calibrate",
+                str(ROOT / "configs" / "quick.toml"),
+                "--model",
+                str(base),
+                "--out",
+                str(tmp_path),
+                "--limit",
+                "2",
+                "--samples",
+                "1",
+            ]
+        )
     assert exit_.value.code == 0, capsys.readouterr().err
     printed = json.loads(capsys.readouterr().out)
     data = json.loads((tmp_path / "calibration.json").read_text())
@@ -361,9 +441,13 @@ def test_a_loop_backend_runs_episodes_under_the_run_configs_budgets(base, tmp_pa
     assert (lcfg.observation_chars, lcfg.cohorts, lcfg.action_format) == (300, 2, "tagged")
     assert lcfg.budgets["max"]["max_turns"] == 2 and lcfg.budgets["medium"]["max_tokens"] == 300
     assert [r["version"] for r in train(cfg, tmp_path / "run")] == [1]
-    records = [json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()
+    ]
     assert len(records) == 12 and {r["action_format"] for r in records} == {"tagged"}
-    assert all(r["n_turns"] <= cfg.rollout.max_turns[r["effort"]] for r in records)  # not the defaults, 10/20/40
+    assert all(
+        r["n_turns"] <= cfg.rollout.max_turns[r["effort"]] for r in records
+    )  # not the defaults, 10/20/40
 
 
 def test_torch_threads_sets_the_count_inside_the_block_and_restores_it():

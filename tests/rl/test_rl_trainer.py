@@ -11,24 +11,46 @@ from flywheel.protocols import Request
 from flywheel.rl.config import RunConfig
 from flywheel.rl.trainer import Trainer, score, token_batches
 
-TEXTS = ["<run_tests/>", "<view path=\"a.py\"/>", "def f(x):\n    return x + 1\n", "1 failed, 2 passed"] * 10
+TEXTS = ["<run_tests/>", '<view path="a.py"/>', "def f(x):\n    return x + 1\n", "1 failed, 2 passed"] * 10
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    path = build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", TEXTS, vocab_size=300, hidden=32, layers=2, heads=2)
+    path = build_tiny_model(
+        tmp_path_factory.mktemp("m") / "tiny", TEXTS, vocab_size=300, hidden=32, layers=2, heads=2
+    )
     return load_torch_model(f"hf:{path}", seed=0)
 
 
 def records_from(engine, prompts, success, effort="medium"):
-    reqs = [Request([{"role": "user", "content": p}], max_tokens=12, top_p=0.9, seed=i) for i, p in enumerate(prompts)]
+    reqs = [
+        Request([{"role": "user", "content": p}], max_tokens=12, top_p=0.9, seed=i)
+        for i, p in enumerate(prompts)
+    ]
     out = []
     for i, c in enumerate(engine.generate(reqs)):
-        turn = {"role": "assistant", "text": c.text, "prompt_ids": c.prompt_ids, "token_ids": c.token_ids,
-                "logprobs": c.logprobs, "kept": c.kept}
-        out.append({"id": f"t/{effort}/{i}", "task_id": "t", "effort": effort, "model": "hf:x", "turns": [turn],
-                    "n_turns": 1, "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens},
-                    "cost": 0.001, "success": success[i], "verdict": {"cheat": False}})
+        turn = {
+            "role": "assistant",
+            "text": c.text,
+            "prompt_ids": c.prompt_ids,
+            "token_ids": c.token_ids,
+            "logprobs": c.logprobs,
+            "kept": c.kept,
+        }
+        out.append(
+            {
+                "id": f"t/{effort}/{i}",
+                "task_id": "t",
+                "effort": effort,
+                "model": "hf:x",
+                "turns": [turn],
+                "n_turns": 1,
+                "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens},
+                "cost": 0.001,
+                "success": success[i],
+                "verdict": {"cheat": False},
+            }
+        )
     return out
 
 
@@ -143,7 +165,9 @@ def test_packed_logits_match_one_forward_per_turn(engine):
     records = records_from(engine, ["x", "x", "x", "another prompt"], [True, False, True, False])
     turns = [r["turns"][0] for r in records]
     first = turns[0]
-    turns.append({"prompt_ids": first["prompt_ids"] + first["token_ids"] + [5, 6, 7], "token_ids": [8, 9, 10]})
+    turns.append(
+        {"prompt_ids": first["prompt_ids"] + first["token_ids"] + [5, 6, 7], "token_ids": [8, 9, 10]}
+    )
     trainer = Trainer(engine.model, engine.tokenizer, RunConfig(), {})
     packed = trainer._packed_logits(turns)
     with torch.no_grad():

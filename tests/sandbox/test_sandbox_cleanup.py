@@ -33,7 +33,9 @@ def _script(tag: str) -> str:
 def test_the_probe_sees_leftover_processes_on_the_host(tmp_path):
     tag = str(secrets.randbelow(10**9))
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    subprocess.Popen(["sh", "-c", _script(tag)], cwd=tmp_path, start_new_session=True, **quiet).wait(timeout=30)
+    subprocess.Popen(["sh", "-c", _script(tag)], cwd=tmp_path, start_new_session=True, **quiet).wait(
+        timeout=30
+    )
     deadline = time.monotonic() + 5
     while len(_with_marker(f".{tag}")) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -47,7 +47,11 @@ def test_tasks_load_and_split_by_module(small_build):
 def test_instruction_is_a_bug_report_not_the_fix(small_build):
     for d in sorted(small_build.iterdir()):
         t = load_task(d)
-        added = [ln[1:].strip() for ln in t.solution_patch.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+        added = [
+            ln[1:].strip()
+            for ln in t.solution_patch.splitlines()
+            if ln.startswith("+") and not ln.startswith("+++")
+        ]
         for line in added:
             if len(line) > 12:
                 assert line not in t.instruction, (t.id, line)
@@ -64,7 +68,9 @@ def test_visible_tests_reproduce_the_failure(small_build):
 
 
 def pytest_passes(ws):
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=ws, capture_output=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=ws, capture_output=True
+    )
     return r.returncode == 0
 
 
@@ -74,7 +80,9 @@ def test_reference_passes_and_bug_fails_under_real_pytest(small_build, tmp_path)
         for fixed in (False, True):
             ws = tmp_path / f"{t.id}-{fixed}"
             shutil.copytree(t.repo, ws)
-            shutil.copyfile(t.hidden_tests / f"tests/test_{t.meta['module']}.py", ws / f"tests/test_{t.meta['module']}.py")
+            shutil.copyfile(
+                t.hidden_tests / f"tests/test_{t.meta['module']}.py", ws / f"tests/test_{t.meta['module']}.py"
+            )
             if fixed:
                 apply_patch_to_dir(ws, t.solution_patch)
             assert pytest_passes(ws) is fixed, (t.id, fixed)

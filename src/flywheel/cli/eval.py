@@ -11,16 +11,24 @@ from flywheel.models import SPECS
 
 
 def eval_(
-    suite: str = typer.Option(..., "--suite", help="A built-in suite (toybugs, humaneval) or a task directory."),
+    suite: str = typer.Option(
+        ..., "--suite", help="A built-in suite (toybugs, humaneval) or a task directory."
+    ),
     model: str = typer.Option(..., "--model", help=f"{SPECS}."),
-    out: Path = typer.Option(..., "--out", help="Run directory: trajectories.jsonl and summary.json go here."),
+    out: Path = typer.Option(
+        ..., "--out", help="Run directory: trajectories.jsonl and summary.json go here."
+    ),
     split: str = typer.Option(None, "--split", help="Only tasks of this split (toybugs: train, heldout)."),
     effort: str = typer.Option("medium", "--effort", help="Effort level: medium, high or max."),
     limit: int = typer.Option(0, "--limit", min=0, help="Evaluate only the first N tasks (0: all)."),
     concurrency: int = typer.Option(8, "--concurrency", min=1, help="Episodes run at once."),
-    cohorts: int = typer.Option(1, "--cohorts", min=1,
-                                help="Groups of those episodes that take turns: one generates while the others' "
-                                     "commands run (1: all step together)."),
+    cohorts: int = typer.Option(
+        1,
+        "--cohorts",
+        min=1,
+        help="Groups of those episodes that take turns: one generates while the others' "
+        "commands run (1: all step together).",
+    ),
     base_url: str = typer.Option(None, "--base-url", help="Server URL for openai:NAME models."),
     temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling temperature."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Top-p (nucleus) sampling."),
@@ -53,8 +61,17 @@ def eval_(
             advance(success=sum(wins) / len(wins))
 
         try:
-            summary = run_eval(tasks, policy, out, effort=effort, seed=seed, concurrency=concurrency, cfg=cfg,
-                               on_record=tick, overwrite=overwrite)
+            summary = run_eval(
+                tasks,
+                policy,
+                out,
+                effort=effort,
+                seed=seed,
+                concurrency=concurrency,
+                cfg=cfg,
+                on_record=tick,
+                overwrite=overwrite,
+            )
         except KeyboardInterrupt:
             summary = write_summary(out, model_name=policy.name, effort=effort, interrupted=True)
             typer.echo(f"interrupted: kept {summary['n']} finished trajectories in {out}", err=True)

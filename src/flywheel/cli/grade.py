@@ -11,8 +11,12 @@ from flywheel.errors import FlywheelError
 
 
 def grade(
-    task_dir: Path = typer.Argument(..., help="The task directory (task.toml, repo/, tests/, solution.patch)."),
-    workspace: Path = typer.Argument(..., help="The finished workspace to grade (it is copied, never modified)."),
+    task_dir: Path = typer.Argument(
+        ..., help="The task directory (task.toml, repo/, tests/, solution.patch)."
+    ),
+    workspace: Path = typer.Argument(
+        ..., help="The finished workspace to grade (it is copied, never modified)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the verdict as one JSON object."),
 ) -> None:
     """Grade WORKSPACE against the task's hidden tests; exit 0 when it succeeds, 1 when it does not."""

@@ -43,8 +43,16 @@ def calibrate(
     if model:
         cfg.model.path = model
     data = run_calibration(cfg, out, samples=samples, limit=limit, split=split)
-    typer.echo(json.dumps({"lambdas": data["lambdas"], "operating": data["operating"],
-                           "calibration": str(Path(out) / "calibration.json")}, indent=1))
+    typer.echo(
+        json.dumps(
+            {
+                "lambdas": data["lambdas"],
+                "operating": data["operating"],
+                "calibration": str(Path(out) / "calibration.json"),
+            },
+            indent=1,
+        )
+    )
 
 
 def train(
@@ -64,4 +72,6 @@ def train(
     rows = run(cfg, out)
     if rows:
         last = rows[-1]
-        typer.echo(json.dumps({k: last[k] for k in ("step", "reward", "success", "cost", "turns", "loss")}, indent=1))
+        typer.echo(
+            json.dumps({k: last[k] for k in ("step", "reward", "success", "cost", "turns", "loss")}, indent=1)
+        )

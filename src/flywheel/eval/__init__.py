@@ -50,7 +50,9 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "median_cost": _median(costs) or 0.0,
         "mean_turns": statistics.fmean(r["n_turns"] for r in records) if n else 0.0,
         "median_steps_to_first_edit": _median(first_edits),
-        "mean_completion_tokens": statistics.fmean(r["usage"]["completion_tokens"] for r in records) if n else 0.0,
+        "mean_completion_tokens": statistics.fmean(r["usage"]["completion_tokens"] for r in records)
+        if n
+        else 0.0,
         "format_errors": sum(r.get("format_errors", 0) for r in records),
         "cheats": sum(bool((r.get("verdict") or {}).get("cheat")) for r in records),
         "endings": dict(sorted(Counter(r["ending"] for r in records).items())),

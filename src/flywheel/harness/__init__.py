@@ -6,7 +6,19 @@ from flywheel.harness.cost import Pricing, pricing_for
 from flywheel.harness.effort import EFFORTS, Effort, get_effort
 
 __all__ = [
-    "TOOLS", "Action", "FormatError", "parse_native", "parse_tagged", "render_tagged",
-    "ENDINGS", "EpisodeSpec", "HarnessConfig", "run_episodes",
-    "Pricing", "pricing_for", "EFFORTS", "Effort", "get_effort",
+    "TOOLS",
+    "Action",
+    "FormatError",
+    "parse_native",
+    "parse_tagged",
+    "render_tagged",
+    "ENDINGS",
+    "EpisodeSpec",
+    "HarnessConfig",
+    "run_episodes",
+    "Pricing",
+    "pricing_for",
+    "EFFORTS",
+    "Effort",
+    "get_effort",
 ]

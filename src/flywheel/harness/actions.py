@@ -62,7 +62,11 @@ TOOLS: list[dict[str, Any]] = [
             "description": "Replace the exact, unique text `old` with `new` in a file; an empty `old` creates the file.",
             "parameters": {
                 "type": "object",
-                "properties": {"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}},
+                "properties": {
+                    "path": {"type": "string"},
+                    "old": {"type": "string"},
+                    "new": {"type": "string"},
+                },
                 "required": ["path", "old", "new"],
             },
         },

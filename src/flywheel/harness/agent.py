@@ -202,19 +202,29 @@ def _act_native(ep: Episode, c: Completion, cfg: HarnessConfig) -> None:
     message: dict[str, Any] = {"role": "assistant", "content": c.text or None}
     if calls:
         message["tool_calls"] = [
-            {"id": t["id"], "type": "function",
-             "function": {"name": t.get("name"), "arguments": json.dumps(t.get("arguments") or {})}}
+            {
+                "id": t["id"],
+                "type": "function",
+                "function": {"name": t.get("name"), "arguments": json.dumps(t.get("arguments") or {})},
+            }
             for t in calls
         ]
     ep.messages.append(message)
     if not calls:
-        _format_error(ep, "no tool call: call one of the tools", cfg, {"role": "user", "content": "error: call one of the tools"})
+        _format_error(
+            ep,
+            "no tool call: call one of the tools",
+            cfg,
+            {"role": "user", "content": "error: call one of the tools"},
+        )
         return
     for t in calls:
         try:
             action = parse_native(t)
         except FormatError as e:
-            _format_error(ep, str(e), cfg, {"role": "tool", "tool_call_id": t["id"], "content": f"error: {e}"})
+            _format_error(
+                ep, str(e), cfg, {"role": "tool", "tool_call_id": t["id"], "content": f"error: {e}"}
+            )
             continue
         text = _execute(ep, action, cfg)
         ep.messages.append({"role": "tool", "tool_call_id": t["id"], "content": text})
@@ -239,7 +249,9 @@ def _execute(ep: Episode, action: Action, cfg: HarnessConfig) -> str:
     # one-time layout discovery on its first command) are the tool's cost, not the loop's
     ep.tool_s += max(result.seconds, time.perf_counter() - t0)
     text = _clip(result.text, cfg.observation_chars)
-    ep.turns.append({"role": "tool", "name": action.name, "arguments": action.args, "text": text, "ok": result.ok})
+    ep.turns.append(
+        {"role": "tool", "name": action.name, "arguments": action.args, "text": text, "ok": result.ok}
+    )
     if result.edited and ep.first_edit_step is None:
         ep.first_edit_step = ep.n_turns
     if result.submitted:
@@ -265,7 +277,9 @@ def compact(ep: Episode, cfg: HarnessConfig) -> bool:
             changed = True
     if changed:
         ep.compactions += 1
-        ep.turns.append({"role": "tool", "name": "compaction", "text": "older observations elided", "ok": True})
+        ep.turns.append(
+            {"role": "tool", "name": "compaction", "text": "older observations elided", "ok": True}
+        )
     return changed
 
 
@@ -296,8 +310,11 @@ def _call_grader(grader: Grader, ep: Episode) -> Any:
 
 def _detector_turns(ep: Episode) -> list[dict[str, Any]]:
     """The trajectory's actions in the shape the detector reads: assistant turns with tool calls."""
-    calls = [{"name": t["name"], "arguments": t.get("arguments") or {}} for t in ep.turns
-             if t["role"] == "tool" and t.get("name") in ("shell", "view", "edit")]
+    calls = [
+        {"name": t["name"], "arguments": t.get("arguments") or {}}
+        for t in ep.turns
+        if t["role"] == "tool" and t.get("name") in ("shell", "view", "edit")
+    ]
     return [{"role": "assistant", "tool_calls": calls}]
 
 
@@ -372,7 +389,9 @@ def run_episodes(
 
     cfg = cfg or HarnessConfig()
     sandbox = sandbox or get_sandbox()
-    grader = grader or (lambda task, ws, traj: grade(task, ws, sandbox=sandbox, detector=lambda t, w: detect(t, w, traj)))
+    grader = grader or (
+        lambda task, ws, traj: grade(task, ws, sandbox=sandbox, detector=lambda t, w: detect(t, w, traj))
+    )
     action_format = _fmt(model, cfg)
     n = max(1, cfg.cohorts)
     base, extra = divmod(min(concurrency, len(specs)), n)

@@ -21,9 +21,20 @@ class Effort:
 
 
 EFFORTS: dict[str, Effort] = {
-    "medium": Effort("medium", "Effort: medium. Be direct: fix the bug with as few steps as you can.", 10, 1500, 120.0, 0.05),
-    "high": Effort("high", "Effort: high. Investigate enough to be sure, then fix and verify.", 20, 3000, 240.0, 0.10),
-    "max": Effort("max", "Effort: max. Be thorough: explore, fix, and verify carefully.", 40, 6000, 480.0, 0.20),
+    "medium": Effort(
+        "medium",
+        "Effort: medium. Be direct: fix the bug with as few steps as you can.",
+        10,
+        1500,
+        120.0,
+        0.05,
+    ),
+    "high": Effort(
+        "high", "Effort: high. Investigate enough to be sure, then fix and verify.", 20, 3000, 240.0, 0.10
+    ),
+    "max": Effort(
+        "max", "Effort: max. Be thorough: explore, fix, and verify carefully.", 40, 6000, 480.0, 0.20
+    ),
 }
 
 

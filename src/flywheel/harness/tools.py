@@ -22,7 +22,9 @@ from flywheel.tasks.format import Task
 
 VIEW_LINES = 120  # lines shown by a `view` without a range
 OBSERVATION_BYTES = 4000  # tool output kept per observation (head and tail)
-_DURATION = re.compile(r" in \d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?(?=(?: =+)?$)", re.M)  # pytest's summary: ` in 0.08s`
+_DURATION = re.compile(
+    r" in \d+(?:\.\d+)?s(?: \(\d+:\d\d:\d\d\))?(?=(?: =+)?$)", re.M
+)  # pytest's summary: ` in 0.08s`
 _CACHES = {"__pycache__", ".pytest_cache"}  # what running the tests writes
 
 
@@ -108,7 +110,9 @@ class Tools:
             return ToolResult(f"error: the old text was {what} in {path}", ok=False)
         edited, line = loose
         target.write_text(edited)
-        return ToolResult(f"edited {path} at line {line} (the old text matched with other indentation)", edited=True)
+        return ToolResult(
+            f"edited {path} at line {line} (the old text matched with other indentation)", edited=True
+        )
 
     # -- helpers --------------------------------------------------------------------------------------
 
@@ -158,8 +162,9 @@ def reindented_edit(text: str, old: str, new: str) -> tuple[str, int] | None:
     if not want or any("\t" in w for w in want):
         return None
     key = [w.strip() for w in want]
-    starts = [i for i in range(len(lines) - len(want) + 1)
-              if [ln.strip() for ln in lines[i : i + len(want)]] == key]
+    starts = [
+        i for i in range(len(lines) - len(want) + 1) if [ln.strip() for ln in lines[i : i + len(want)]] == key
+    ]
     if len(starts) != 1:
         return None
     i = starts[0]

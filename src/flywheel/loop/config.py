@@ -23,7 +23,9 @@ class LoopConfig:
     samples: int = 2  # samples per group (the group the trainer's baseline compares within)
     efforts: list[str] = field(default_factory=lambda: ["medium"])  # cycled over the groups
     effort_overrides: dict[str, Any] = field(default_factory=dict)  # budgets, e.g. {"max_turns": 4}
-    budgets: dict[str, dict[str, Any]] = field(default_factory=dict)  # per effort, over those: {"max": {"max_turns": 20}}
+    budgets: dict[str, dict[str, Any]] = field(
+        default_factory=dict
+    )  # per effort, over those: {"max": {"max_turns": 20}}
     observation_chars: int = 4000  # longest observation kept in an episode's conversation
     action_format: str = "auto"  # the harness's: "tagged", "native", or "auto"
     cohorts: int = 1  # groups of a pool batch's episodes that take turns generating (see run_episodes)
@@ -85,7 +87,9 @@ def check_config(cfg: LoopConfig) -> None:
     if not cfg.efforts:
         raise FlywheelError("loop: `efforts` must name at least one effort level")
     if cfg.action_format not in ("tagged", "native", "auto"):
-        raise FlywheelError(f"loop: `action_format` must be 'tagged', 'native' or 'auto', got '{cfg.action_format}'")
+        raise FlywheelError(
+            f"loop: `action_format` must be 'tagged', 'native' or 'auto', got '{cfg.action_format}'"
+        )
     for name in cfg.efforts:
         effort_of(cfg, name)
     for name in cfg.budgets:

@@ -155,8 +155,14 @@ class Pool:
         emit("started", {"ids": [it.id for it in items], "version": version, "pid": os.getpid()})
         s = self.spec
         specs = [EpisodeSpec(it.task, effort_of(s, it.effort), seed=it.seed, index=it.index) for it in items]
-        cfg = HarnessConfig(policy_version=version, temperature=s.temperature, top_p=s.top_p,
-                            observation_chars=s.observation_chars, action_format=s.action_format, cohorts=s.cohorts)
+        cfg = HarnessConfig(
+            policy_version=version,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            observation_chars=s.observation_chars,
+            action_format=s.action_format,
+            cohorts=s.cohorts,
+        )
 
         def on_record(record: dict[str, Any]) -> None:
             record["pool"] = self.spec.pool_id

@@ -26,8 +26,12 @@ def get_model(spec: str, **opts: Any) -> Model:
     if spec in SCRIPTED:
         from flywheel.models.scripted import ScriptedModel
 
-        return ScriptedModel(noisy=spec == "scripted-noisy", search=spec == "scripted-search",
-                             sweep=spec == "scripted-sweep", seed=int(opts.get("seed", 0)))
+        return ScriptedModel(
+            noisy=spec == "scripted-noisy",
+            search=spec == "scripted-search",
+            sweep=spec == "scripted-sweep",
+            seed=int(opts.get("seed", 0)),
+        )
     if spec.startswith("hf:") or spec == "smollm2-135m" or spec == "torch":
         if spec == "torch":
             raise FlywheelError("the torch engine needs weights: use hf:PATH or smollm2-135m")

@@ -261,8 +261,9 @@ def weights_fingerprint(model) -> tuple:
     """Changes whenever any parameter changes: version counters, sums and sums of squares."""
     params = list(model.parameters())
     with torch.no_grad():
-        sums = torch.stack([torch.stack([p.sum(dtype=torch.float64), p.square().sum(dtype=torch.float64)])
-                            for p in params])
+        sums = torch.stack(
+            [torch.stack([p.sum(dtype=torch.float64), p.square().sum(dtype=torch.float64)]) for p in params]
+        )
     return tuple(p._version for p in params), tuple(sums.flatten().tolist())
 
 
@@ -309,7 +310,9 @@ class PrefixStore:
         if len(ids) < self.min_tokens:
             return
         new = np.asarray(ids, dtype=np.int64)
-        self.entries = [e for e in self.entries if not (len(e[0]) <= len(new) and np.array_equal(e[0], new[: len(e[0])]))]
+        self.entries = [
+            e for e in self.entries if not (len(e[0]) <= len(new) and np.array_equal(e[0], new[: len(e[0])]))
+        ]
         self.entries.append((new, k, v))
         total = sum(e[1].nbytes + e[2].nbytes for e in self.entries)
         while total > self.max_bytes and self.entries:
@@ -441,7 +444,9 @@ class LlamaRunner:
             ids[j, width - length :] = input_ids[j, input_ids.shape[1] - length :]
             new_mask[j, width - length :] = 1
         held = max(n for n, _ in hits)
-        self.cache = cache_from(self.model, [kv for _, kv in hits], held + width + min(self.steps, FIRST_CHUNK))
+        self.cache = cache_from(
+            self.model, [kv for _, kv in hits], held + width + min(self.steps, FIRST_CHUNK)
+        )
         return prefill_after(self.model, self.cache, ids, new_mask)
 
     def remember(self, row: int, ids: list[int]) -> None:

@@ -115,7 +115,7 @@ def plan(task_dir: str, noisy: bool, seed: int) -> list[Action | str]:
     files = sorted(p.relative_to(task.repo).as_posix() for p in task.repo.rglob("*.py"))
     detours: list[Action | str] = [
         Action("shell", {"command": "ls"}),
-        Action("shell", {"command": f"grep -n \"def \" {rng.choice(files)}"}),
+        Action("shell", {"command": f'grep -n "def " {rng.choice(files)}'}),
         Action("view", {"path": rng.choice(files)}),
         Action("run_tests"),
         Action("shell", {"command": f"sed -n 1,20p {rng.choice(files)}"}),
@@ -192,7 +192,7 @@ def repair_candidates(source: str, lines: set[int]) -> list[tuple[int, str, str]
     edited = [m.source.splitlines() for m in mutants(source)]
     for i, line in enumerate(text):
         if i + 1 in lines and re.search(r"\bnot ", line):
-            edited.append(text[:i] + [re.sub(r"\bnot ", "", line, count=1)] + text[i + 1:])
+            edited.append(text[:i] + [re.sub(r"\bnot ", "", line, count=1)] + text[i + 1 :])
     for new_text in edited:
         if len(new_text) != len(text):
             continue
@@ -222,8 +222,10 @@ def try_command(path: str, line: int, old: str, new: str, test_command: str) -> 
     """Apply one repair to `path` (a file or a glob in the repository's root); keep it and print `fixed`
     when the tests pass (within the time limit), else copy back the files copied aside before it. The undo
     is the same text for every try, so a wrong try never becomes a wrong undo."""
-    return (f"cp {path} /tmp; sed -i '{_sed(line, old, new)}' {path}; timeout {SEARCH_TIMEOUT_S} {test_command} "
-            f"> /dev/null && echo fixed || cp /tmp/{path} .")
+    return (
+        f"cp {path} /tmp; sed -i '{_sed(line, old, new)}' {path}; timeout {SEARCH_TIMEOUT_S} {test_command} "
+        f"> /dev/null && echo fixed || cp /tmp/{path} ."
+    )
 
 
 @lru_cache(maxsize=4096)
@@ -248,9 +250,11 @@ def search_plan(task_dir: str, effort: str, seed: int) -> list[Action]:
     order = wrong[:tries]
     if right:
         order = wrong[: rng.randrange(min(tries, len(candidates)))] + right[:1]
-    return [Action("shell", {"command": SEARCH_SHOW}),
-            *(Action("shell", {"command": try_command(SEARCH_FILES, *c, task.test_command)}) for c in order),
-            Action("submit")]
+    return [
+        Action("shell", {"command": SEARCH_SHOW}),
+        *(Action("shell", {"command": try_command(SEARCH_FILES, *c, task.test_command)}) for c in order),
+        Action("submit"),
+    ]
 
 
 # ------------------------------------------------------------------------------------- the sweeper
@@ -258,10 +262,29 @@ def search_plan(task_dir: str, effort: str, seed: int) -> list[Action]:
 # The inverse of each text-level mutation operator (flywheel.tasks.mutate), spelled with the spaces
 # around it as `ast.unparse` writes it: (what the bug may have written, what the fix writes back).
 SWEEP_PAIRS = (
-    (" <= ", " < "), (" < ", " <= "), (" >= ", " > "), (" > ", " >= "), (" == ", " != "), (" != ", " == "),
-    (" not in ", " in "), (" in ", " not in "), (" is not ", " is "), (" is ", " is not "), (" not ", " "),
-    (" - ", " + "), (" + ", " - "), (" // ", " * "), (" / ", " // "), (" * ", " / "), (" // ", " % "),
-    (" -= ", " += "), (" += ", " -= "), (" or ", " and "), (" and ", " or "), (" - 1)", ")"), (" + 1]", "]"),
+    (" <= ", " < "),
+    (" < ", " <= "),
+    (" >= ", " > "),
+    (" > ", " >= "),
+    (" == ", " != "),
+    (" != ", " == "),
+    (" not in ", " in "),
+    (" in ", " not in "),
+    (" is not ", " is "),
+    (" is ", " is not "),
+    (" not ", " "),
+    (" - ", " + "),
+    (" + ", " - "),
+    (" // ", " * "),
+    (" / ", " // "),
+    (" * ", " / "),
+    (" // ", " % "),
+    (" -= ", " += "),
+    (" += ", " -= "),
+    (" or ", " and "),
+    (" and ", " or "),
+    (" - 1)", ")"),
+    (" + 1]", "]"),
 )
 SWEEP_TRIES = {"medium": 4, "high": 8, "max": 16}  # sweeps per effort level
 SWEEP_LOOKS = (Action("shell", {"command": SEARCH_SHOW}), Action("run_tests"))  # looks it may take first
@@ -273,9 +296,11 @@ def sweep_command(old: str, new: str, test_command: str) -> str:
     (printing `fixed`) and every other is undone. The pair is written once, as one sed substitution; `sed
     -n "$e;T;="` lists the lines it would change (`T` skips the rest when nothing was substituted). The
     text names no line and no identifier, so what to sweep for is the only choice in it."""
-    return (f"e='{_sed('', old, new)}'; for n in $(sed -n \"$e;T;=\" {SEARCH_FILES}); do cp {SEARCH_FILES} /tmp; "
-            f"sed -i \"$n$e\" {SEARCH_FILES}; timeout {SEARCH_TIMEOUT_S} {test_command} > /dev/null && echo fixed "
-            f"&& exit; cp /tmp/{SEARCH_FILES} .; done")
+    return (
+        f"e='{_sed('', old, new)}'; for n in $(sed -n \"$e;T;=\" {SEARCH_FILES}); do cp {SEARCH_FILES} /tmp; "
+        f'sed -i "$n$e" {SEARCH_FILES}; timeout {SEARCH_TIMEOUT_S} {test_command} > /dev/null && echo fixed '
+        f"&& exit; cp /tmp/{SEARCH_FILES} .; done"
+    )
 
 
 @lru_cache(maxsize=4096)
@@ -286,8 +311,11 @@ def sweep_plan(task_dir: str, effort: str, seed: int) -> list[Action]:
     rng = random.Random(seed)
     looks = [a for a in SWEEP_LOOKS if rng.random() < 0.5]
     pairs = rng.sample(SWEEP_PAIRS, SWEEP_TRIES.get(effort, SWEEP_TRIES["medium"]))
-    return [*looks, *(Action("shell", {"command": sweep_command(o, n, task.test_command)}) for o, n in pairs),
-            Action("submit")]
+    return [
+        *looks,
+        *(Action("shell", {"command": sweep_command(o, n, task.test_command)}) for o, n in pairs),
+        Action("submit"),
+    ]
 
 
 def _applies(source: str, candidate: tuple[int, str, str]) -> str:
@@ -304,8 +332,15 @@ class ScriptedModel:
 
     def __init__(self, noisy: bool = False, seed: int = 0, search: bool = False, sweep: bool = False):
         self.noisy, self.seed, self.search, self.sweep = noisy, seed, search, sweep
-        self.name = ("scripted-sweep" if sweep else "scripted-search" if search
-                     else "scripted-noisy" if noisy else "scripted")
+        self.name = (
+            "scripted-sweep"
+            if sweep
+            else "scripted-search"
+            if search
+            else "scripted-noisy"
+            if noisy
+            else "scripted"
+        )
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         return [self._one(r) for r in requests]
@@ -313,14 +348,17 @@ class ScriptedModel:
     def _one(self, r: Request) -> Completion:
         task_dir = r.meta.get("task_dir")
         if not task_dir:
-            return Completion("", finish_reason="error", error="scripted model needs the task (Request.meta['task_dir'])")
+            return Completion(
+                "", finish_reason="error", error="scripted model needs the task (Request.meta['task_dir'])"
+            )
         episode = r.meta.get("episode", "")
         step = sum(m["role"] == "assistant" for m in r.messages)
         if self.search or self.sweep:
             effort = re.search(r"Effort: (\w+)\.", str(r.messages[0].get("content") or ""))
             make = sweep_plan if self.sweep else search_plan
-            steps: list[Action | str] = list(make(task_dir, effort.group(1) if effort else "medium",
-                                                  stable_seed(self.seed, episode)))
+            steps: list[Action | str] = list(
+                make(task_dir, effort.group(1) if effort else "medium", stable_seed(self.seed, episode))
+            )
             if step and "\nfixed" in str(r.messages[-1].get("content") or ""):  # the last repair was kept
                 steps[step:] = [Action("submit")]
         else:
@@ -331,6 +369,11 @@ class ScriptedModel:
             return Completion(action, prompt_tokens=prompt_tokens, completion_tokens=_count_tokens(action))
         if r.tools:
             call = {"id": f"call_{step}", "name": action.name, "arguments": dict(action.args)}
-            return Completion("", prompt_tokens=prompt_tokens, completion_tokens=_count_tokens(str(action.args)) + 4, tool_calls=[call])
+            return Completion(
+                "",
+                prompt_tokens=prompt_tokens,
+                completion_tokens=_count_tokens(str(action.args)) + 4,
+                tool_calls=[call],
+            )
         text = render_tagged(action)
         return Completion(text, prompt_tokens=prompt_tokens, completion_tokens=_count_tokens(text))

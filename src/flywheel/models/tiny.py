@@ -42,7 +42,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, max_token_chars: int = 0, split_symbols: bool = False):
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, max_token_chars: int = 0, split_symbols: bool = False
+):
     """A byte-level BPE `tokenizers.Tokenizer` trained on `texts` (special tokens get ids 0, 1, 2).
 
     `max_token_chars` > 0 caps a merged token's length, so that names the texts repeat (a module's) are
@@ -57,9 +59,17 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, max_token_chars: int 
 
     tok = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.Punctuation(behavior="isolated"), byte_level,
-    ]) if split_symbols else byte_level
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.Punctuation(behavior="isolated"),
+                byte_level,
+            ]
+        )
+        if split_symbols
+        else byte_level
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -130,7 +140,9 @@ def build_tiny_model(
         raise FlywheelError(f"{out}: refusing to build a model into a non-empty directory")
     if hidden % heads:
         raise FlywheelError(f"hidden size {hidden} is not divisible by {heads} heads")
-    tokenizer = wrap_tokenizer(train_tokenizer(texts, vocab_size, max_token_chars, split_symbols), chat_template)
+    tokenizer = wrap_tokenizer(
+        train_tokenizer(texts, vocab_size, max_token_chars, split_symbols), chat_template
+    )
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     config = tiny_config(len(tokenizer), hidden, layers, heads, ids, max_positions)
     with torch.random.fork_rng(devices=[]):

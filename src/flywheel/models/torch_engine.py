@@ -68,7 +68,16 @@ from flywheel.errors import FlywheelError
 from flywheel.models.fastllama import LlamaRunner, PrefixStore, unsupported
 from flywheel.protocols import Completion, Request
 
-ENGINE_OPTIONS = {"name", "max_context", "max_batch", "ignore_eos", "seed", "eos_ids", "fast", "prefix_cache_mb"}
+ENGINE_OPTIONS = {
+    "name",
+    "max_context",
+    "max_batch",
+    "ignore_eos",
+    "seed",
+    "eos_ids",
+    "fast",
+    "prefix_cache_mb",
+}
 TOPK_FIRST = 256  # nucleus search width before falling back to a full sort
 WIDE_NUCLEUS = 2048  # kept sets wider than this are put in id order by marking, not sorting
 NUCLEUS_BINS = 1024  # logit bins of `wide_nucleus`
@@ -210,7 +219,11 @@ def _sample_nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tenso
         keep, probs = wide_nucleus(scaled, logz, top_p)
         cdf = torch.cumsum(torch.where(keep, probs, torch.zeros_like(probs)), dim=-1)
         mass = cdf[:, -1:]
-        tok = torch.searchsorted(cdf, u.unsqueeze(1) * mass, right=True).squeeze(1).clamp(max=scaled.shape[1] - 1)
+        tok = (
+            torch.searchsorted(cdf, u.unsqueeze(1) * mass, right=True)
+            .squeeze(1)
+            .clamp(max=scaled.shape[1] - 1)
+        )
         lp = torch.log(probs.gather(1, tok.unsqueeze(1)) / mass).squeeze(1)
         return tok, lp, keep, None
     vals, ids, n, probs = found

@@ -38,7 +38,9 @@ class TasksConfig:
     recurate_every: int = 0  # every N steps keep only tasks with 0 < pass rate <= p_max (0: never)
     p_max: float = 0.75  # curation's upper pass rate; unmeasured tasks stay eligible
     recurate_window: int = 8  # pass rates count attempts of the last N policy versions
-    rename: float = 0.0  # share of each step's tasks replaced by a copy with made-up names (flywheel.rl.rename)
+    rename: float = (
+        0.0  # share of each step's tasks replaced by a copy with made-up names (flywheel.rl.rename)
+    )
 
 
 @dataclass
@@ -62,7 +64,9 @@ class RewardConfig:
     cost_scale: float = 1.0  # C is measured in dollars × cost_scale (calibration uses the same unit)
     length_penalty: float = 0.0  # reward lost per turn over the effort's length_budget, in penalised phases
     length_budget: dict[str, int] = field(default_factory=dict)  # turns per effort (missing: never penalised)
-    length_phase: int = 1  # steps per phase: success-only and penalised phases alternate (0: penalise every step)
+    length_phase: int = (
+        1  # steps per phase: success-only and penalised phases alternate (0: penalise every step)
+    )
     length_scope: str = "all"  # "solved": only in (task, effort) groups where some attempt succeeded
 
 
@@ -94,7 +98,9 @@ class TrainConfig:
     checkpoint_every: int = 1
     trajectories: str = "lite"  # RUN_DIR/trajectories.jsonl: "lite" (no kept sets), "full" or "none"
     threads: int = 1  # torch intra-op threads (0: torch's default); small models run fastest on one
-    update_threads: int = 0  # threads for scoring and the optimizer step, which have the cores to themselves (0: `threads`)
+    update_threads: int = (
+        0  # threads for scoring and the optimizer step, which have the cores to themselves (0: `threads`)
+    )
     max_minutes: float = 0.0  # wall-time budget: no step starts that would end past it (0: none)
 
 
@@ -137,7 +143,11 @@ def from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
     for key, value in data.items():
         if key not in fields:
             raise FlywheelError(f"{where}: unknown key '{key}' (known: {', '.join(fields)})")
-        values[key] = _coerce(hints[key], value, f"{where}: [{key}]" if dataclasses.is_dataclass(hints[key]) else f"{where}: '{key}'")
+        values[key] = _coerce(
+            hints[key],
+            value,
+            f"{where}: [{key}]" if dataclasses.is_dataclass(hints[key]) else f"{where}: '{key}'",
+        )
     return cls(**values)
 
 

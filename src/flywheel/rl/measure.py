@@ -27,8 +27,14 @@ from flywheel.seeding import stable_seed
 LADDER = (0.5, 1.0, 2.0)
 
 
-def measure_ladder(engine, tasks: Sequence[Any], cfg: RunConfig, factors: Sequence[float] = LADDER,
-                   samples: int = 2, on_record=None) -> dict[str, list[tuple[float, float, float]]]:
+def measure_ladder(
+    engine,
+    tasks: Sequence[Any],
+    cfg: RunConfig,
+    factors: Sequence[float] = LADDER,
+    samples: int = 2,
+    on_record=None,
+) -> dict[str, list[tuple[float, float, float]]]:
     """effort -> [(factor, mean cost, success rate)] for each rung of the ladder.
 
     Every rung of every level runs in one rollout, so the engine batches up to `rollout.concurrency`
@@ -42,14 +48,22 @@ def measure_ladder(engine, tasks: Sequence[Any], cfg: RunConfig, factors: Sequen
 
     seed = stable_seed(cfg.seed, "calibrate") % 2**31
     rung_of, specs = {}, []
-    for base in efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens, cfg.deterministic):
+    for base in efforts_for(
+        cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens, cfg.deterministic
+    ):
         for f in factors:
-            level = replace(base, max_turns=max(1, round(base.max_turns * f)), max_tokens=max(1, round(base.max_tokens * f)))
+            level = replace(
+                base,
+                max_turns=max(1, round(base.max_turns * f)),
+                max_tokens=max(1, round(base.max_tokens * f)),
+            )
             for spec in make_specs(tasks, [level], samples, seed=seed):
                 spec = replace(spec, variant=f"x{f:g}")
                 rung_of[spec.id] = (base.name, f)
                 specs.append(spec)
-    records = rollout(engine, specs, harness_config(cfg, 0), concurrency=cfg.rollout.concurrency, on_record=on_record)
+    records = rollout(
+        engine, specs, harness_config(cfg, 0), concurrency=cfg.rollout.concurrency, on_record=on_record
+    )
     by_rung: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for r in records:
         by_rung.setdefault(rung_of[r["id"]], []).append(r)
@@ -61,8 +75,15 @@ def measure_ladder(engine, tasks: Sequence[Any], cfg: RunConfig, factors: Sequen
     return out
 
 
-def run_calibration(cfg: RunConfig, out: Path, *, factors: Sequence[float] = LADDER, samples: int = 2,
-                    limit: int = 16, split: str = "train") -> dict[str, Any]:
+def run_calibration(
+    cfg: RunConfig,
+    out: Path,
+    *,
+    factors: Sequence[float] = LADDER,
+    samples: int = 2,
+    limit: int = 16,
+    split: str = "train",
+) -> dict[str, Any]:
     """Measure the base policy's ladders, calibrate λ per effort, write calibration.json/.png into `out`."""
     from flywheel.progress import progress
     from flywheel.rl.calibrate import calibrate, plot_calibration
@@ -79,8 +100,14 @@ def run_calibration(cfg: RunConfig, out: Path, *, factors: Sequence[float] = LAD
     result = calibrate(points, operating)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    data = {**result.to_json(), "factors": list(factors), "samples": samples, "tasks": len(tasks),
-            "model": cfg.model.path, "ladders": {e: [list(r) for r in rungs] for e, rungs in ladders.items()}}
+    data = {
+        **result.to_json(),
+        "factors": list(factors),
+        "samples": samples,
+        "tasks": len(tasks),
+        "model": cfg.model.path,
+        "ladders": {e: [list(r) for r in rungs] for e, rungs in ladders.items()},
+    }
     (out / "calibration.json").write_text(json.dumps(data, indent=1) + "\n")
     plot_calibration(result, out / "calibration.png")
     return data
@@ -91,8 +118,9 @@ def _tally(advance, successes: list[float], record: dict[str, Any]) -> None:
     advance(success=statistics.fmean(successes))
 
 
-def evaluate_policy(engine, tasks: Sequence[Any], cfg: RunConfig, out: Path, *, samples: int = 1,
-                    seed: int = 12345) -> dict[str, dict[str, Any]]:
+def evaluate_policy(
+    engine, tasks: Sequence[Any], cfg: RunConfig, out: Path, *, samples: int = 1, seed: int = 12345
+) -> dict[str, dict[str, Any]]:
     """Summaries per effort level of `engine` on `tasks` (trajectories in out/<effort>/)."""
     from flywheel.eval import summarize
     from flywheel.progress import progress
@@ -101,10 +129,17 @@ def evaluate_policy(engine, tasks: Sequence[Any], cfg: RunConfig, out: Path, *, 
 
     out = Path(out)
     result = {}
-    for level in efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens, cfg.deterministic):
+    for level in efforts_for(
+        cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens, cfg.deterministic
+    ):
         with progress(f"evaluate {level.name}", len(tasks) * samples) as advance:
-            records = rollout(engine, make_specs(tasks, [level], samples, seed=seed), harness_config(cfg, 0),
-                              concurrency=cfg.rollout.concurrency, on_record=partial(_tally, advance, []))
+            records = rollout(
+                engine,
+                make_specs(tasks, [level], samples, seed=seed),
+                harness_config(cfg, 0),
+                concurrency=cfg.rollout.concurrency,
+                on_record=partial(_tally, advance, []),
+            )
         (out / level.name).mkdir(parents=True, exist_ok=True)
         with (out / level.name / "trajectories.jsonl").open("w") as f:
             for r in records:

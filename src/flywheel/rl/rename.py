@@ -233,8 +233,12 @@ def shift_lines(messages: list[dict[str, Any]], rng: random.Random, most: int) -
                 rows += [f"{moved(n) + k:6d}\t" for k in range(1, after.count(n) + 1)]
             m = {**m, "content": "\n".join(rows)}
         elif m["role"] == "assistant":
-            m = {**m, "content": _SED_LINE.sub(lambda h: f"{h.group(1)}{moved(int(h.group(2)))}{h.group(3)}",
-                                               m["content"])}
+            m = {
+                **m,
+                "content": _SED_LINE.sub(
+                    lambda h: f"{h.group(1)}{moved(int(h.group(2)))}{h.group(3)}", m["content"]
+                ),
+            }
         out.append(m)
     return out
 

@@ -33,18 +33,28 @@ from flywheel.tasks.format import Task
 MODELLED_SECONDS = (0.004, 0.0002, 0.4)
 
 
-def efforts_for(names: Sequence[str], max_turns: dict[str, int] | None = None,
-                max_tokens: dict[str, int] | None = None, deterministic: bool = False) -> list[Effort]:
+def efforts_for(
+    names: Sequence[str],
+    max_turns: dict[str, int] | None = None,
+    max_tokens: dict[str, int] | None = None,
+    deterministic: bool = False,
+) -> list[Effort]:
     """The effort levels `names`, with per-level budget overrides.
 
     `deterministic` lifts the wall-time and dollar budgets, which depend on measured seconds and so
     cannot end an episode at the same point twice; turn and token budgets still apply.
     """
-    return [get_effort(name, **budget_overrides(name, max_turns, max_tokens, deterministic)) for name in names]
+    return [
+        get_effort(name, **budget_overrides(name, max_turns, max_tokens, deterministic)) for name in names
+    ]
 
 
-def budget_overrides(name: str, max_turns: dict[str, int] | None = None, max_tokens: dict[str, int] | None = None,
-                     deterministic: bool = False) -> dict[str, Any]:
+def budget_overrides(
+    name: str,
+    max_turns: dict[str, int] | None = None,
+    max_tokens: dict[str, int] | None = None,
+    deterministic: bool = False,
+) -> dict[str, Any]:
     """The budgets of effort `name` that differ from its defaults (see `efforts_for`)."""
     overrides: dict[str, Any] = {"wall_s": math.inf, "max_cost": math.inf} if deterministic else {}
     if max_turns and name in max_turns:
@@ -54,10 +64,16 @@ def budget_overrides(name: str, max_turns: dict[str, int] | None = None, max_tok
     return overrides
 
 
-def make_specs(tasks: Sequence[Task], efforts: Sequence[Effort], group_size: int, seed: int) -> list[EpisodeSpec]:
+def make_specs(
+    tasks: Sequence[Task], efforts: Sequence[Effort], group_size: int, seed: int
+) -> list[EpisodeSpec]:
     """`group_size` attempts of every task at every effort level, all seeded by `seed`."""
-    return [EpisodeSpec(task, effort, seed=seed, index=i) for task in tasks for effort in efforts
-            for i in range(group_size)]
+    return [
+        EpisodeSpec(task, effort, seed=seed, index=i)
+        for task in tasks
+        for effort in efforts
+        for i in range(group_size)
+    ]
 
 
 def same_tree(a: Path, b: Path) -> bool:
@@ -103,13 +119,16 @@ def rollout(
 
     sandbox = sandbox or get_sandbox()
     grader = grader or skip_unchanged(default_grader(sandbox))
-    records = run_episodes(specs, model, cfg=cfg, sandbox=sandbox, grader=grader, concurrency=concurrency,
-                           on_record=on_record)
+    records = run_episodes(
+        specs, model, cfg=cfg, sandbox=sandbox, grader=grader, concurrency=concurrency, on_record=on_record
+    )
     return sorted(records, key=lambda r: r["id"])
 
 
 def tool_calls(record: dict[str, Any]) -> int:
-    return sum(t["role"] == "tool" and t.get("name") not in ("format_error", "compaction") for t in record["turns"])
+    return sum(
+        t["role"] == "tool" and t.get("name") not in ("format_error", "compaction") for t in record["turns"]
+    )
 
 
 def reward_cost(record: dict[str, Any], deterministic: bool = False) -> float:
@@ -118,5 +137,9 @@ def reward_cost(record: dict[str, Any], deterministic: bool = False) -> float:
         return float(record["cost"])
     usage = record["usage"]
     per_gen, per_prompt, per_tool = MODELLED_SECONDS
-    seconds = usage["completion_tokens"] * per_gen + usage["prompt_tokens"] * per_prompt + tool_calls(record) * per_tool
+    seconds = (
+        usage["completion_tokens"] * per_gen
+        + usage["prompt_tokens"] * per_prompt
+        + tool_calls(record) * per_tool
+    )
     return pricing_for(record["model"]).cost(usage["prompt_tokens"], usage["completion_tokens"], seconds)

@@ -72,7 +72,9 @@ class SftTrainConfig:
     lr: float = 3e-3
     batch_size: int = 8
     max_len: int = 2048  # longer conversations are cut at the end
-    context_weight: float = 0.0  # loss weight of the tokens the model reads (tool output, task), actions weigh 1
+    context_weight: float = (
+        0.0  # loss weight of the tokens the model reads (tool output, task), actions weigh 1
+    )
     copy_steps: int = 0  # steps of copy pretraining before imitation (0: none)
     copy_batch_size: int = 32
     warmup_steps: int = 20
@@ -129,7 +131,9 @@ def _collect(cfg: SftConfig) -> list[dict[str, Any]]:
     rng = random.Random(cfg.seed)
     order = [tasks[i % len(tasks)] for i in range(n)]
     rng.shuffle(order)
-    efforts = efforts_for(cfg.data.efforts, deterministic=True)  # no wall-time budget: the teacher always finishes
+    efforts = efforts_for(
+        cfg.data.efforts, deterministic=True
+    )  # no wall-time budget: the teacher always finishes
     specs = []
     for i, task in enumerate(order):
         specs += make_specs([task], [efforts[i % len(efforts)]], 1, seed=cfg.seed + i // len(tasks))
@@ -140,15 +144,22 @@ def _collect(cfg: SftConfig) -> list[dict[str, Any]]:
         return Verdict(task.id, success=False, reward=0.0, error="not graded (imitation data)")
 
     with progress("collecting imitation data", len(specs)) as advance:
-        return rollout(teacher, specs, hcfg, concurrency=cfg.data.concurrency, grader=not_graded,
-                       on_record=lambda r: advance())
+        return rollout(
+            teacher,
+            specs,
+            hcfg,
+            concurrency=cfg.data.concurrency,
+            grader=not_graded,
+            on_record=lambda r: advance(),
+        )
 
 
 _AUGMENTS = ("rename", "shift", "copies")  # data keys applied to the collected episodes
 
 
-def augmented(conversations: list[list[dict[str, Any]]], records: list[dict[str, Any]],
-              cfg: SftConfig) -> list[list[dict[str, Any]]]:
+def augmented(
+    conversations: list[list[dict[str, Any]]], records: list[dict[str, Any]], cfg: SftConfig
+) -> list[list[dict[str, Any]]]:
     """`data.copies` copies of the conversations, each with a `data.rename` share renamed and every one
     shifted by up to `data.shift` lines (`flywheel.rl.rename`), deterministically from the seed; names
     shared by half the source modules are kept."""
@@ -161,7 +172,9 @@ def augmented(conversations: list[list[dict[str, Any]]], records: list[dict[str,
     tasks = {t.id: t for t in load_suite(d.suite, split=d.split)}
     keep: set[str] = set()
     if d.rename:
-        keep = generic_words(conversations, [str(tasks[r["task_id"]].meta.get("module", r["task_id"])) for r in records])
+        keep = generic_words(
+            conversations, [str(tasks[r["task_id"]].meta.get("module", r["task_id"])) for r in records]
+        )
     rng, shifts = random.Random(cfg.seed + 2), random.Random(cfg.seed + 3)
     out = []
     for _ in range(d.copies):
@@ -230,8 +243,9 @@ def _render(messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]],
     return text, learned, context
 
 
-def encode(tokenizer, messages: list[dict[str, str]], max_len: int,
-           context_weight: float = 0.0) -> tuple[list[int], list[float]]:
+def encode(
+    tokenizer, messages: list[dict[str, str]], max_len: int, context_weight: float = 0.0
+) -> tuple[list[int], list[float]]:
     """Token ids of the conversation and each token's loss weight: 1 inside an assistant span to learn,
     `context_weight` inside the context, 0 elsewhere (role headers, the teacher's malformed actions)."""
     text, learned, context = _render(messages)
@@ -324,8 +338,14 @@ def train_model(model, tokenizer, examples, cfg: SftConfig, log) -> None:
                 objective, loss = weighted_loss(model, ids, mask, weights)
                 norm = _optimize(model, opt, objective)
                 step += 1
-                log({"step": step, "loss": round(float(loss), 5), "objective": round(float(objective.detach()), 5),
-                     "grad_norm": round(float(norm), 4)})
+                log(
+                    {
+                        "step": step,
+                        "loss": round(float(loss), 5),
+                        "objective": round(float(objective.detach()), 5),
+                        "grad_norm": round(float(norm), 4),
+                    }
+                )
                 advance(loss=float(loss))
     model.eval()
 
@@ -379,13 +399,17 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
     if out.exists() and any(out.iterdir()):
         raise FlywheelError(f"{out}: exists and is not empty; choose another --out")
     if not 0 <= cfg.train.context_weight < 1:
-        raise FlywheelError(f"train.context_weight = {cfg.train.context_weight}: must be at least 0 and below 1 "
-                            "(the actions weigh 1)")
+        raise FlywheelError(
+            f"train.context_weight = {cfg.train.context_weight}: must be at least 0 and below 1 "
+            "(the actions weigh 1)"
+        )
     if not 0 <= cfg.data.rename <= 1:
         raise FlywheelError(f"data.rename = {cfg.data.rename}: must be a share between 0 and 1")
     if cfg.data.shift < 0 or cfg.data.copies < 1:
-        raise FlywheelError(f"data.shift = {cfg.data.shift}, data.copies = {cfg.data.copies}: the shift must be "
-                            "0 or more and the copies 1 or more")
+        raise FlywheelError(
+            f"data.shift = {cfg.data.shift}, data.copies = {cfg.data.copies}: the shift must be "
+            "0 or more and the copies 1 or more"
+        )
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     m = cfg.model
@@ -393,8 +417,10 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
     if engine is not None:
         _train_top(engine.model, cfg.train.train_layers)
     elif not 0 <= cfg.train.train_layers <= m.layers:
-        raise FlywheelError(f"train.train_layers = {cfg.train.train_layers}: must be 0 (all) or at most the "
-                            f"model's {m.layers} layers")
+        raise FlywheelError(
+            f"train.train_layers = {cfg.train.train_layers}: must be 0 (all) or at most the "
+            f"model's {m.layers} layers"
+        )
     t0 = time.perf_counter()
     records = collect(cfg)
     conversations = augmented([messages_of(r) for r in records], records, cfg)
@@ -405,27 +431,45 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
         work.mkdir(parents=True)
         engine.tokenizer.save_pretrained(work)
     else:
-        build_tiny_model(work, texts, vocab_size=m.vocab_size, hidden=m.hidden, layers=m.layers, heads=m.heads,
-                         max_positions=m.max_positions, seed=cfg.seed, max_token_chars=m.max_token_chars,
-                         split_symbols=m.split_symbols)
+        build_tiny_model(
+            work,
+            texts,
+            vocab_size=m.vocab_size,
+            hidden=m.hidden,
+            layers=m.layers,
+            heads=m.heads,
+            max_positions=m.max_positions,
+            seed=cfg.seed,
+            max_token_chars=m.max_token_chars,
+            split_symbols=m.split_symbols,
+        )
         engine = load_torch_model(f"hf:{work}")
         _train_top(engine.model, cfg.train.train_layers)  # an init model's layers were chosen when it loaded
     model, tokenizer = engine.model, engine.tokenizer
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    examples = [encode(tokenizer, conv, cfg.train.max_len, cfg.train.context_weight) for conv in conversations]
+    examples = [
+        encode(tokenizer, conv, cfg.train.max_len, cfg.train.context_weight) for conv in conversations
+    ]
     lines: list[str] = []
     torch.manual_seed(cfg.seed)
     if cfg.train.copy_steps:
-        pretrain_copy(model, tokenizer, [ids for ids, _ in examples], cfg, lambda row: lines.append(json.dumps(row)))
+        pretrain_copy(
+            model, tokenizer, [ids for ids, _ in examples], cfg, lambda row: lines.append(json.dumps(row))
+        )
     train_model(model, tokenizer, examples, cfg, lambda row: lines.append(json.dumps(row)))
     model.save_pretrained(work)
     (work / "sft_metrics.jsonl").write_text("\n".join(lines) + "\n")
     from flywheel.rl.config import to_dict
 
     n_tokens = sum(len(ids) for ids, _ in examples)
-    info = {"config": to_dict(cfg), "episodes": len(records), "tokens": n_tokens,
-            "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.perf_counter() - t0, 1)}
+    info = {
+        "config": to_dict(cfg),
+        "episodes": len(records),
+        "tokens": n_tokens,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     (work / "sft_config.json").write_text(json.dumps(info, indent=1) + "\n")
     if out.exists():
         out.rmdir()

@@ -44,7 +44,9 @@ KEEP_CHECKPOINTS = 2
 def model_spec(path: str) -> str:
     """`hf:DIR` for a plain directory; other specs unchanged."""
     if not path:
-        raise FlywheelError("[model] path is missing: give hf:DIR, smollm2-135m or a directory from `flywheel sft`")
+        raise FlywheelError(
+            "[model] path is missing: give hf:DIR, smollm2-135m or a directory from `flywheel sft`"
+        )
     if path.startswith("hf:") or path == "smollm2-135m":
         return path
     if not Path(path).is_dir():
@@ -56,8 +58,12 @@ def load_engine(cfg: RunConfig, spec: str = ""):
     """The run's torch engine on `spec` (default: the run's base model) with the `[model]` settings."""
     from flywheel.models.torch_engine import load_torch_model
 
-    return load_torch_model(spec or model_spec(cfg.model.path), max_context=cfg.model.max_context, seed=cfg.seed,
-                            prefix_cache_mb=cfg.model.prefix_cache_mb)
+    return load_torch_model(
+        spec or model_spec(cfg.model.path),
+        max_context=cfg.model.max_context,
+        seed=cfg.seed,
+        prefix_cache_mb=cfg.model.prefix_cache_mb,
+    )
 
 
 def resolve_lambdas(cfg: RunConfig) -> dict[str, float]:
@@ -160,8 +166,10 @@ def renamed_batch(batch: list, cfg: RunConfig, step: int, root: Path) -> list:
     from flywheel.rl.rename import rename_task
 
     rng = random.Random(stable_seed(cfg.seed, "rename", step))
-    return [rename_task(t, root / f"{t.id}.s{step:06d}", rng) if rng.random() < cfg.tasks.rename else t
-            for t in batch]
+    return [
+        rename_task(t, root / f"{t.id}.s{step:06d}", rng) if rng.random() < cfg.tasks.rename else t
+        for t in batch
+    ]
 
 
 def curated(tasks: list, history: list[dict[str, Any]], cfg: RunConfig, step: int) -> list:
@@ -186,8 +194,14 @@ def harness_config(cfg: RunConfig, version: int):
     from flywheel.harness import HarnessConfig
 
     r = cfg.rollout
-    return HarnessConfig(action_format="tagged", temperature=r.temperature, top_p=r.top_p,
-                         observation_chars=r.observation_chars, policy_version=version, cohorts=r.cohorts)
+    return HarnessConfig(
+        action_format="tagged",
+        temperature=r.temperature,
+        top_p=r.top_p,
+        observation_chars=r.observation_chars,
+        policy_version=version,
+        cohorts=r.cohorts,
+    )
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -201,8 +215,11 @@ class Run:
         self.ckpt_dir = self.out / "checkpoints"
 
     def latest_checkpoint(self) -> tuple[int, Path] | None:
-        done = [(int(p.name.split("-")[1]), p) for p in self.ckpt_dir.glob("step-*")
-                if (p / "trainer.json").is_file()]
+        done = [
+            (int(p.name.split("-")[1]), p)
+            for p in self.ckpt_dir.glob("step-*")
+            if (p / "trainer.json").is_file()
+        ]
         return max(done) if done else None
 
     def cut_back(self, step: int) -> None:
@@ -232,7 +249,10 @@ class Run:
         path = self.out / "timings.jsonl"
         if not path.exists():
             return []
-        return [t["rollout_s"] + t["update_s"] + t["checkpoint_s"] for t in map(json.loads, path.read_text().splitlines())]
+        return [
+            t["rollout_s"] + t["update_s"] + t["checkpoint_s"]
+            for t in map(json.loads, path.read_text().splitlines())
+        ]
 
     def seconds_spent(self) -> float:
         return sum(self.step_seconds())
@@ -251,18 +271,28 @@ class Run:
 
 def history_row(record: dict[str, Any], step: int) -> dict[str, Any]:
     """What re-curation needs of a rollout; a renamed copy counts toward its original task."""
-    return {"task_id": record.get("renamed_from", record["task_id"]), "success": record["success"],
-            "policy_version": record["policy_version"], "step": step}
+    return {
+        "task_id": record.get("renamed_from", record["task_id"]),
+        "success": record["success"],
+        "policy_version": record["policy_version"],
+        "step": step,
+    }
 
 
 def lite(record: dict[str, Any]) -> dict[str, Any]:
     """A record without the per-token replay data (kept sets, prompt ids): for logs, not for training."""
-    turns = [{k: v for k, v in t.items() if k not in ("kept", "prompt_ids", "logprobs")} for t in record["turns"]]
+    turns = [
+        {k: v for k, v in t.items() if k not in ("kept", "prompt_ids", "logprobs")} for t in record["turns"]
+    ]
     return {**record, "turns": turns}
 
 
 def rounded(metrics: dict[str, float], step: int, version: int) -> dict[str, Any]:
-    return {"step": step, "policy_version": version, **{k: round(float(v), 6) for k, v in sorted(metrics.items())}}
+    return {
+        "step": step,
+        "policy_version": version,
+        **{k: round(float(v), 6) for k, v in sorted(metrics.items())},
+    }
 
 
 def make_trainer(cfg: RunConfig):
@@ -280,12 +310,22 @@ def loop_config(cfg: RunConfig):
     from flywheel.rl.rollout import budget_overrides
 
     r, h = cfg.rollout, harness_config(cfg, 0)  # the pools run episodes as the inline loop does
-    base = {"model": model_spec(cfg.model.path), "steps": cfg.train.steps, "efforts": list(r.efforts),
-            "samples": r.group_size, "groups_per_step": r.tasks_per_step * len(r.efforts),
-            "temperature": r.temperature, "top_p": r.top_p, "seed": cfg.seed, "deterministic": cfg.deterministic,
-            "max_context": cfg.model.max_context,
-            "budgets": {e: budget_overrides(e, r.max_turns, r.max_tokens, cfg.deterministic) for e in r.efforts},
-            "observation_chars": h.observation_chars, "action_format": h.action_format, "cohorts": h.cohorts}
+    base = {
+        "model": model_spec(cfg.model.path),
+        "steps": cfg.train.steps,
+        "efforts": list(r.efforts),
+        "samples": r.group_size,
+        "groups_per_step": r.tasks_per_step * len(r.efforts),
+        "temperature": r.temperature,
+        "top_p": r.top_p,
+        "seed": cfg.seed,
+        "deterministic": cfg.deterministic,
+        "max_context": cfg.model.max_context,
+        "budgets": {e: budget_overrides(e, r.max_turns, r.max_tokens, cfg.deterministic) for e in r.efforts},
+        "observation_chars": h.observation_chars,
+        "action_format": h.action_format,
+        "cohorts": h.cohorts,
+    }
     return config_from_dict({**base, **cfg.loop})
 
 
@@ -301,8 +341,11 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
         from flywheel.loop import run as run_loop
 
         check(cfg)
-        for key, value in (("[tasks] rename", cfg.tasks.rename), ("[tasks] recurate_every", cfg.tasks.recurate_every),
-                           ("[train] max_minutes", cfg.train.max_minutes)):
+        for key, value in (
+            ("[tasks] rename", cfg.tasks.rename),
+            ("[tasks] recurate_every", cfg.tasks.recurate_every),
+            ("[train] max_minutes", cfg.train.max_minutes),
+        ):
             if value:
                 raise FlywheelError(f"{key} works with the inline loop only (no [loop] backend) for now")
         lcfg = loop_config(cfg)
@@ -332,12 +375,17 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
     run.cut_back(start)
     history = run.history()
     (run.out / "config.json").write_text(json.dumps({**to_dict(cfg), "lambdas": lambdas}, indent=1) + "\n")
-    efforts = efforts_for(cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens, cfg.deterministic)
+    efforts = efforts_for(
+        cfg.rollout.efforts, cfg.rollout.max_turns, cfg.rollout.max_tokens, cfg.deterministic
+    )
     rows = []
     durations = run.step_seconds()  # a resumed run has spent part of the budget already
 
     def fits() -> bool:  # a step starts only if one as long as the longest so far ends within the budget
-        return cfg.train.max_minutes <= 0 or sum(durations) + max(durations, default=0.0) <= 60 * cfg.train.max_minutes
+        return (
+            cfg.train.max_minutes <= 0
+            or sum(durations) + max(durations, default=0.0) <= 60 * cfg.train.max_minutes
+        )
 
     with progress("train", cfg.train.steps) as advance:
         advance(start)
@@ -348,11 +396,19 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
             t0 = time.perf_counter()
             pool = curated(tasks, history, cfg, step)
             batch = renamed_batch(batch_for(pool, cfg, step), cfg, step, run.out / "tasks")
-            specs = make_specs(batch, efforts, cfg.rollout.group_size,
-                               seed=stable_seed(cfg.seed, "rollout", step) % 2**31)
-            counts = (f"{i}/{len(specs)}" for i in range(1, len(specs) + 1))  # a step's rollouts can take minutes
-            records = rollout(engine, specs, harness_config(cfg, trainer.version), concurrency=cfg.rollout.concurrency,
-                              on_record=lambda r, c=counts, s=step: advance(0, step=s, rollouts=next(c)))
+            specs = make_specs(
+                batch, efforts, cfg.rollout.group_size, seed=stable_seed(cfg.seed, "rollout", step) % 2**31
+            )
+            counts = (
+                f"{i}/{len(specs)}" for i in range(1, len(specs) + 1)
+            )  # a step's rollouts can take minutes
+            records = rollout(
+                engine,
+                specs,
+                harness_config(cfg, trainer.version),
+                concurrency=cfg.rollout.concurrency,
+                on_record=lambda r, c=counts, s=step: advance(0, step=s, rollouts=next(c)),
+            )
             origin = {t.id: t.meta["renamed_from"] for t in batch if "renamed_from" in t.meta}
             for r in records:
                 if r["task_id"] in origin:
@@ -368,13 +424,25 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
             run.append("metrics.jsonl", [row])
             if cfg.train.trajectories != "none":
                 keep = (lambda r: r) if cfg.train.trajectories == "full" else lite
-                run.append("trajectories.jsonl", [{**keep(r), "step": step, "rl": s} for r, s in zip(records, scores, strict=True)])
+                run.append(
+                    "trajectories.jsonl",
+                    [{**keep(r), "step": step, "rl": s} for r, s in zip(records, scores, strict=True)],
+                )
             durations.append(time.perf_counter() - t0)
             out_of_time = not fits()  # the next step would end past the budget: checkpoint this one and stop
             if step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps or out_of_time:
                 run.checkpoint(trainer, step)
-            run.append("timings.jsonl", [{"step": step, "rollout_s": round(t1 - t0, 2), "update_s": round(t2 - t1, 2),
-                                          "checkpoint_s": round(time.perf_counter() - t2, 2)}])
+            run.append(
+                "timings.jsonl",
+                [
+                    {
+                        "step": step,
+                        "rollout_s": round(t1 - t0, 2),
+                        "update_s": round(t2 - t1, 2),
+                        "checkpoint_s": round(time.perf_counter() - t2, 2),
+                    }
+                ],
+            )
             rows.append(row)
             advance(1, reward=row["reward"], success=row["success"])
             if on_step:

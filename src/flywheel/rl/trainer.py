@@ -78,9 +78,15 @@ def token_batches(turns: Sequence[dict[str, Any]], max_tokens: int) -> list[list
     return batches
 
 
-def score(records: Sequence[dict[str, Any]], lambdas: dict[str, float], baseline: str,
-          deterministic: bool, length_price: float = 0.0,
-          length_budget: dict[str, int] | None = None, length_scope: str = "all") -> list[dict[str, float]]:
+def score(
+    records: Sequence[dict[str, Any]],
+    lambdas: dict[str, float],
+    baseline: str,
+    deterministic: bool,
+    length_price: float = 0.0,
+    length_budget: dict[str, int] | None = None,
+    length_scope: str = "all",
+) -> list[dict[str, float]]:
     """Per record: cost, λ, reward and advantage (pure; the records are not changed). `length_price` per
     turn over the effort's `length_budget` comes off the reward (the alternating length penalty); with
     `length_scope="solved"` only in (task, effort) groups where some attempt solved the task honestly."""
@@ -88,17 +94,26 @@ def score(records: Sequence[dict[str, Any]], lambdas: dict[str, float], baseline
     lams = [float(lambdas.get(r["effort"], 0.0)) for r in records]
     cheats = [bool((r.get("verdict") or {}).get("cheat")) for r in records]
     keys = [(r["task_id"], r["effort"]) for r in records]
-    solved_groups = {k for k, r, cheat in zip(keys, records, cheats, strict=True) if r["success"] and not cheat}
+    solved_groups = {
+        k for k, r, cheat in zip(keys, records, cheats, strict=True) if r["success"] and not cheat
+    }
     budget = length_budget or {}
-    over = [over_budget(r["n_turns"], budget.get(r["effort"]), length_price)
-            if length_scope == "all" or k in solved_groups else 0.0
-            for r, k in zip(records, keys, strict=True)]
-    rewards = [reward(bool(r["success"]), cheat, c, lam) - o
-               for r, cheat, c, lam, o in zip(records, cheats, costs, lams, over, strict=True)]
+    over = [
+        over_budget(r["n_turns"], budget.get(r["effort"]), length_price)
+        if length_scope == "all" or k in solved_groups
+        else 0.0
+        for r, k in zip(records, keys, strict=True)
+    ]
+    rewards = [
+        reward(bool(r["success"]), cheat, c, lam) - o
+        for r, cheat, c, lam, o in zip(records, cheats, costs, lams, over, strict=True)
+    ]
     lengths = [generated_tokens(r) for r in records]
     adv = advantages_flat(rewards, lengths, keys, baseline)
-    return [{"cost": c, "lambda": lam, "length_penalty": o, "reward": rw, "advantage": a, "tokens": n}
-            for c, lam, o, rw, a, n in zip(costs, lams, over, rewards, adv, lengths, strict=True)]
+    return [
+        {"cost": c, "lambda": lam, "length_penalty": o, "reward": rw, "advantage": a, "tokens": n}
+        for c, lam, o, rw, a, n in zip(costs, lams, over, rewards, adv, lengths, strict=True)
+    ]
 
 
 class Trainer:
@@ -112,8 +127,9 @@ class Trainer:
             train_top_layers(model, o.train_layers)
         except ValueError as e:
             raise FlywheelError(f"optim.{e}") from None
-        self.optimizer = build_optimizer(model, o.kind, lr=o.lr, muon_lr=o.muon_lr or None,
-                                         weight_decay=o.weight_decay)
+        self.optimizer = build_optimizer(
+            model, o.kind, lr=o.lr, muon_lr=o.muon_lr or None, weight_decay=o.weight_decay
+        )
         self.version = 0
 
     # -- one update
@@ -122,23 +138,38 @@ class Trainer:
         """`score` of the records of RL step `step` (1-based; it sets the length-penalty phase)."""
         cfg, r = self.cfg, self.cfg.reward
         price = r.length_penalty if length_penalty_on(step, r.length_phase) else 0.0
-        return score(records, self.lambdas, cfg.objective.baseline, cfg.deterministic, price, r.length_budget,
-                     r.length_scope)
+        return score(
+            records,
+            self.lambdas,
+            cfg.objective.baseline,
+            cfg.deterministic,
+            price,
+            r.length_budget,
+            r.length_scope,
+        )
 
-    def step(self, records: Sequence[dict[str, Any]], scores: Sequence[dict[str, float]] | None = None) -> dict[str, float]:
+    def step(
+        self, records: Sequence[dict[str, Any]], scores: Sequence[dict[str, float]] | None = None
+    ) -> dict[str, float]:
         """One RL step from graded records (and their `scores`, when the caller already has them);
         increments `version`; returns the step's metrics."""
         cfg = self.cfg
         scores = scores if scores is not None else self.scores(records, self.version + 1)
-        work = [(t, s["advantage"]) for r, s in zip(records, scores, strict=True) for t in turns_of(r)
-                if s["advantage"] != 0.0]
+        work = [
+            (t, s["advantage"])
+            for r, s in zip(records, scores, strict=True)
+            for t in turns_of(r)
+            if s["advantage"] != 0.0
+        ]
         budget = cfg.objective.token_budget or max(1, len(records)) * TURN_TOKENS
         stats: dict[str, float] = {}
         for _ in range(max(1, cfg.optim.updates_per_step)):
             self.optimizer.zero_grad(set_to_none=True)
             stats = self._accumulate(work, budget)
             params = [p for p in self.model.parameters() if p.grad is not None]
-            norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip) if params else torch.tensor(0.0)
+            norm = (
+                torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip) if params else torch.tensor(0.0)
+            )
             stats["grad_norm"] = float(norm)
             if params:
                 self.optimizer.step()
@@ -156,16 +187,28 @@ class Trainer:
             batches = [(b, None) for b in token_batches([t for t, _ in work], obj.batch_tokens)]
         for batch, pack in batches:
             turns = [work[i][0] for i in batch]
-            advs = torch.cat([torch.full((len(t["token_ids"]),), work[i][1]) for i, t in zip(batch, turns, strict=True)])
+            advs = torch.cat(
+                [torch.full((len(t["token_ids"]),), work[i][1]) for i, t in zip(batch, turns, strict=True)]
+            )
             logits = self._generated_logits(turns) if pack is None else self._packed_logits(turns, pack)
             tokens = torch.tensor([x for t in turns for x in t["token_ids"]])
-            kept = [k for t in turns for k in (t["kept"] if self.cfg.objective.replay else [None] * len(t["token_ids"]))]
+            kept = [
+                k
+                for t in turns
+                for k in (t["kept"] if self.cfg.objective.replay else [None] * len(t["token_ids"]))
+            ]
             mask = kept_mask(kept, logits.shape[1])
             temperature = self.cfg.rollout.temperature
             lp = replay_log_probs(logits, mask, tokens, temperature)
             rollout_lp = torch.tensor([x for t in turns for x in t["logprobs"]])
-            loss, s = policy_loss(lp, rollout_lp, advs, torch.ones_like(tokens, dtype=torch.bool),
-                                  clip_c=self.cfg.objective.clip_c, token_budget=budget)
+            loss, s = policy_loss(
+                lp,
+                rollout_lp,
+                advs,
+                torch.ones_like(tokens, dtype=torch.bool),
+                clip_c=self.cfg.objective.clip_c,
+                token_budget=budget,
+            )
             loss.backward()
             n = len(tokens)
             with torch.no_grad():
@@ -208,11 +251,15 @@ class Trainer:
                 pack.add(t["prompt_ids"] + t["token_ids"])
         dtype = next(self.model.parameters()).dtype
         hidden = self.model.base_model(
-            input_ids=torch.tensor([pack.ids]), attention_mask=pack.mask(dtype),
+            input_ids=torch.tensor([pack.ids]),
+            attention_mask=pack.mask(dtype),
             position_ids=torch.tensor([pack.positions]),
         ).last_hidden_state[0]
-        rows = [node for path, t in zip(pack.paths, turns, strict=True)
-                for node in path[len(t["prompt_ids"]) - 1 : len(path) - 1]]
+        rows = [
+            node
+            for path, t in zip(pack.paths, turns, strict=True)
+            for node in path[len(t["prompt_ids"]) - 1 : len(path) - 1]
+        ]
         return self.model.get_output_embeddings()(hidden[rows]).float()
 
     # -- weights and checkpoints
@@ -230,7 +277,9 @@ class Trainer:
             self.model.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            (tmp / "trainer.json").write_text(json.dumps({"version": self.version, "lambdas": self.lambdas}) + "\n")
+            (tmp / "trainer.json").write_text(
+                json.dumps({"version": self.version, "lambdas": self.lambdas}) + "\n"
+            )
             if path.exists():
                 shutil.rmtree(path)
             os.replace(tmp, path)
@@ -252,7 +301,9 @@ class Trainer:
         self.version = int(json.loads((path / "trainer.json").read_text())["version"])
 
 
-def outcome_metrics(records: Sequence[dict[str, Any]], scores: Sequence[dict[str, float]]) -> dict[str, float]:
+def outcome_metrics(
+    records: Sequence[dict[str, Any]], scores: Sequence[dict[str, float]]
+) -> dict[str, float]:
     """Reward, success, cost, turns and generated tokens: overall and per effort level (`high/success`)."""
     out = _means(records, scores, "")
     for effort in sorted({r["effort"] for r in records}):

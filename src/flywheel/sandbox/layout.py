@@ -144,5 +144,12 @@ def base_env(path: str, home: str) -> dict[str, str]:
     Python writes no bytecode: a cached `.pyc` is trusted when its source has the same size and the same
     mtime in whole seconds, so an edit that keeps the size (`<` for `>`) made within a second of the last
     run would silently run the old code (planted bugs in `flywheel tasks synth` vanished this way)."""
-    return {"PATH": path, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    return {
+        "PATH": path,
+        "HOME": home,
+        "TMPDIR": home,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }

@@ -40,7 +40,9 @@ def cache_dir() -> Path:
 def materialise(name: str, seed: int = DEFAULT_SEED) -> Path:
     """Directory holding built-in suite `name`, generating it on first use."""
     if name not in _BUILTIN:
-        raise FlywheelError(f"unknown suite '{name}' (built-in: {', '.join(builtin_suites())}, or a directory)")
+        raise FlywheelError(
+            f"unknown suite '{name}' (built-in: {', '.join(builtin_suites())}, or a directory)"
+        )
     module = importlib.import_module(_BUILTIN[name])
     dest = cache_dir() / "suites" / f"{name}-{module.VERSION}-seed{seed}"
     if (dest / ".complete").exists():
@@ -65,7 +67,9 @@ def load_suite(suite: str | Path, split: str | None = None, seed: int = DEFAULT_
     if str(suite) in _BUILTIN and not root.exists():
         root = materialise(str(suite), seed)
     elif not root.exists():
-        raise FlywheelError(f"unknown suite '{suite}': not a built-in ({', '.join(builtin_suites())}) nor a directory")
+        raise FlywheelError(
+            f"unknown suite '{suite}': not a built-in ({', '.join(builtin_suites())}) nor a directory"
+        )
     if (root / "task.toml").exists():
         tasks = [load_task(root)]
     else:

@@ -105,7 +105,9 @@ def load_task(root: Path | str) -> Task:
         for test_id in getattr(task, key):
             path = test_id.split("::", 1)[0]
             if not (root / "tests" / path).is_file() and not (root / "repo" / path).is_file():
-                raise TaskError(f"{toml_path}: field '{key}' names {test_id}, but {path} is in neither tests/ nor repo/")
+                raise TaskError(
+                    f"{toml_path}: field '{key}' names {test_id}, but {path} is in neither tests/ nor repo/"
+                )
     return task
 
 

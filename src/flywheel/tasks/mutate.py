@@ -34,10 +34,26 @@ KINDS = (
     "wrong_return",
 )
 
-_FLIP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
-         ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
-_ARITH = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv, ast.FloorDiv: ast.Div, ast.Div: ast.Mult,
-          ast.Mod: ast.FloorDiv}
+_FLIP = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
+_ARITH = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.FloorDiv,
+    ast.FloorDiv: ast.Div,
+    ast.Div: ast.Mult,
+    ast.Mod: ast.FloorDiv,
+}
 _NONCOMMUTATIVE = (ast.Sub, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
 
 
@@ -62,7 +78,11 @@ def functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef]]:
 
 
 def _is_docstring(stmt: ast.stmt) -> bool:
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    )
 
 
 # Each site function yields (node, apply) where apply(node_copy) mutates the copied node in place, or
@@ -75,13 +95,25 @@ def _sites(fn: ast.FunctionDef, kind: str) -> Iterator[Site]:
         if kind == "flip_comparison" and isinstance(node, ast.Compare):
             for i, op in enumerate(node.ops):
                 if type(op) in _FLIP:
-                    yield node, (lambda n, i=i: n.ops.__setitem__(i, _FLIP[type(n.ops[i])]())), "comparison flipped"
-        elif kind == "arithmetic_operator" and isinstance(node, (ast.BinOp, ast.AugAssign)) and type(node.op) in _ARITH:
+                    yield (
+                        node,
+                        (lambda n, i=i: n.ops.__setitem__(i, _FLIP[type(n.ops[i])]())),
+                        "comparison flipped",
+                    )
+        elif (
+            kind == "arithmetic_operator"
+            and isinstance(node, (ast.BinOp, ast.AugAssign))
+            and type(node.op) in _ARITH
+        ):
             yield node, (lambda n: setattr(n, "op", _ARITH[type(n.op)]())), "arithmetic operator changed"
         elif kind == "swap_operands" and isinstance(node, ast.BinOp) and isinstance(node.op, _NONCOMMUTATIVE):
             yield node, _swap, "operands swapped"
         elif kind == "boolean_operator" and isinstance(node, ast.BoolOp):
-            yield node, (lambda n: setattr(n, "op", ast.Or() if isinstance(n.op, ast.And) else ast.And())), "boolean operator changed"
+            yield (
+                node,
+                (lambda n: setattr(n, "op", ast.Or() if isinstance(n.op, ast.And) else ast.And())),
+                "boolean operator changed",
+            )
         elif kind == "invert_condition" and isinstance(node, (ast.If, ast.While, ast.IfExp)):
             yield node, (lambda n: setattr(n, "test", ast.UnaryOp(ast.Not(), n.test))), "condition inverted"
         elif kind == "wrong_return" and isinstance(node, ast.Return) and node.value is not None:
@@ -92,7 +124,11 @@ def _sites(fn: ast.FunctionDef, kind: str) -> Iterator[Site]:
         elif kind == "drop_statement":
             for field in ("body", "orelse"):
                 block = getattr(node, field, None)
-                if not isinstance(block, list) or len(block) < 2 or not all(isinstance(b, ast.stmt) for b in block):
+                if (
+                    not isinstance(block, list)
+                    or len(block) < 2
+                    or not all(isinstance(b, ast.stmt) for b in block)
+                ):
                     continue
                 for stmt in block:
                     if not _is_docstring(stmt) and not isinstance(stmt, ast.Return):
@@ -107,18 +143,43 @@ _DROP = lambda n: None  # noqa: E731 - marker: the site statement is deleted fro
 
 
 def _off_by_one(node: ast.AST) -> Iterator[Site]:
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range" and node.args:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "range"
+        and node.args
+    ):
         idx = len(node.args) - 1 if len(node.args) <= 2 else 1
-        yield node, (lambda n, k=idx: n.args.__setitem__(k, ast.BinOp(n.args[k], ast.Sub(), ast.Constant(1)))), "range bound off by one"
-    if (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))
-            and isinstance(node.right, ast.Constant) and node.right.value == 1):
+        yield (
+            node,
+            (lambda n, k=idx: n.args.__setitem__(k, ast.BinOp(n.args[k], ast.Sub(), ast.Constant(1)))),
+            "range bound off by one",
+        )
+    if (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, (ast.Add, ast.Sub))
+        and isinstance(node.right, ast.Constant)
+        and node.right.value == 1
+    ):
         yield node, (lambda n: n.left), "+/- 1 dropped"
     if isinstance(node, ast.Subscript) and not isinstance(node.slice, (ast.Slice, ast.Constant, ast.Tuple)):
-        yield node, (lambda n: setattr(n, "slice", ast.BinOp(n.slice, ast.Add(), ast.Constant(1)))), "index off by one"
-    if isinstance(node, ast.Compare) and len(node.comparators) == 1 and isinstance(node.comparators[0], ast.Constant):
+        yield (
+            node,
+            (lambda n: setattr(n, "slice", ast.BinOp(n.slice, ast.Add(), ast.Constant(1)))),
+            "index off by one",
+        )
+    if (
+        isinstance(node, ast.Compare)
+        and len(node.comparators) == 1
+        and isinstance(node.comparators[0], ast.Constant)
+    ):
         value = node.comparators[0].value
         if isinstance(value, int) and not isinstance(value, bool):
-            yield node, (lambda n: setattr(n.comparators[0], "value", n.comparators[0].value + 1)), "bound off by one"
+            yield (
+                node,
+                (lambda n: setattr(n.comparators[0], "value", n.comparators[0].value + 1)),
+                "bound off by one",
+            )
 
 
 def _path_to(root: ast.AST, target: ast.AST) -> list[tuple[str, int | None]] | None:

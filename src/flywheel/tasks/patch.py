@@ -27,9 +27,7 @@ def make_patch(old: Mapping[str, str], new: Mapping[str, str], context: int = 3)
             continue
         src = "/dev/null" if a is None else f"a/{path}"
         dst = "/dev/null" if b is None else f"b/{path}"
-        lines = difflib.unified_diff(
-            _lines(a or ""), _lines(b or ""), fromfile=src, tofile=dst, n=context
-        )
+        lines = difflib.unified_diff(_lines(a or ""), _lines(b or ""), fromfile=src, tofile=dst, n=context)
         for line in lines:
             out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return "".join(out)

@@ -70,7 +70,11 @@ def visible_tests(test_source: str, keep: set[str]) -> str:
     """The test file with only the test functions in `keep` (helpers and imports stay)."""
     tree = ast.parse(test_source)
     lines = test_source.splitlines(keepends=True)
-    drop = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_") and n.name not in keep]
+    drop = [
+        n
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.name.startswith("test_") and n.name not in keep
+    ]
     for node in reversed(drop):
         start, end = node.lineno - 1, node.end_lineno or node.lineno
         while end < len(lines) and not lines[end].strip():
@@ -82,7 +86,9 @@ def visible_tests(test_source: str, keep: set[str]) -> str:
 def instruction(name: str, failure: dict, rng: random.Random) -> str:
     kind = failure["kind"]
     if kind == "compare":
-        text = rng.choice(_TEMPLATES).format(call=failure["call"], actual=failure["actual"], expected=failure["expected"])
+        text = rng.choice(_TEMPLATES).format(
+            call=failure["call"], actual=failure["actual"], expected=failure["expected"]
+        )
     elif kind == "no_raise":
         text = rng.choice(_RAISE_TEMPLATES).format(call=failure["call"], expected=failure["expected"])
     else:
@@ -143,8 +149,13 @@ def _build_module(out: Path, name: str, seed: int, kept: list[tuple[Mutant, dict
                 fail_to_pass=[node + t for t in failed],
                 pass_to_pass=[node + t for t in passed],
                 timeout_s=60,
-                meta={"split": split, "module": name, "mutation": mutant.kind, "function": mutant.function,
-                      "suite": "toybugs"},
+                meta={
+                    "split": split,
+                    "module": name,
+                    "mutation": mutant.kind,
+                    "function": mutant.function,
+                    "suite": "toybugs",
+                },
             ),
             repo={f"{name}.py": mutant.source, f"tests/test_{name}.py": visible_tests(tests, shown)},
             hidden_tests={f"tests/test_{name}.py": tests},

@@ -76,7 +76,9 @@ def _short(value: object, limit: int = 80) -> str:
 
 def describe(error: BaseException, tests: str) -> dict:
     """A bug-report description of a failing test from its exception and the failing statement."""
-    frames = [f for f, _ in traceback.walk_tb(error.__traceback__) if f.f_code.co_filename.startswith("test_")]
+    frames = [
+        f for f, _ in traceback.walk_tb(error.__traceback__) if f.f_code.co_filename.startswith("test_")
+    ]
     frame = frames[-1] if frames else None
     stmt = _statement(tests, frame.f_lineno) if frame else None
     if type(error).__name__ == "Failed" and "DID NOT RAISE" in str(error):
@@ -102,8 +104,11 @@ def describe(error: BaseException, tests: str) -> dict:
 def _statement(source: str, line: int) -> ast.stmt | None:
     best = None
     for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.With))
-                and node.lineno <= line <= (node.end_lineno or node.lineno)):
+        if (
+            isinstance(node, ast.stmt)
+            and not isinstance(node, (ast.FunctionDef, ast.With))
+            and node.lineno <= line <= (node.end_lineno or node.lineno)
+        ):
             best = node
     return best
 
