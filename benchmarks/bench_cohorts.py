@@ -2,11 +2,11 @@
 
     .venv/bin/python benchmarks/bench_cohorts.py --base runs/base-sweep6 [--cohorts 1 2] [--rounds 2]
 
-One training step's rollouts as `--config` (default `configs/learn-sweep.toml`) runs them, at one effort
-level (4 train tasks × 8 attempts at max by default, the engine on one thread) through the real harness,
-sandbox and grader, once per cohort count and round, alternating, each on a freshly loaded engine (so no
-run reuses another's prefix cache). Requests are seeded, so every setting samples the same actions (up to float differences between
-batch shapes): the turn counts printed beside each run show it. Reported: wall seconds per run, and the
+One training step's rollouts as `--config` (default `experiments/configs/learn-sweep.toml`) runs them, at
+one effort level (4 train tasks × 8 attempts at max by default, the engine on one thread) through the real
+harness, sandbox and grader, once per cohort count and round, alternating, each on a freshly loaded engine
+(so no run reuses another's prefix cache). Requests are seeded, so every setting samples the same actions
+(up to float differences between batch shapes): the turn counts printed beside each run show it. Reported: wall seconds per run, and the
 ratio of each setting's median to the first setting's.
 """
 
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+from flywheel.eval.run import efforts_for, make_specs, rollout
 from flywheel.models.torch_engine import load_torch_model
 from flywheel.rl.config import RunConfig, load_config
-from flywheel.rl.rollout import efforts_for, make_specs, rollout
 from flywheel.rl.train import harness_config, model_spec
 from flywheel.tasks import load_suite
 
@@ -32,7 +32,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="the policy directory (from `flywheel sft`)")
     ap.add_argument(
-        "--config", default="configs/learn-sweep.toml", help="the run config whose rollouts are timed"
+        "--config",
+        default="experiments/configs/learn-sweep.toml",
+        help="the run config whose rollouts are timed",
     )
     ap.add_argument("--suite", default="toybugs")
     ap.add_argument("--split", default="train")

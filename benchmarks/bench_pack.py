@@ -38,11 +38,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from flywheel.eval.run import efforts_for, make_specs, rollout
     from flywheel.models.hf import load_hf
     from flywheel.models.torch_engine import load_torch_model
     from flywheel.rl.config import load_config
     from flywheel.rl.pack import PrefixPack
-    from flywheel.rl.rollout import efforts_for, make_specs, rollout
     from flywheel.rl.train import harness_config, load_tasks
     from flywheel.rl.trainer import Trainer, turns_of
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             run.objective.pack = packed
             trainer = Trainer(model, tokenizer, run, {args.effort: 0.0})
             t = time.perf_counter()
-            metrics[packed] = trainer.step(records)
+            metrics[packed], _ = trainer.step(records)
             times[packed].append(time.perf_counter() - t)
     same = all(
         abs(metrics[True][k] - metrics[False][k]) <= 1e-4 * max(1.0, abs(metrics[False][k]))

@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from flywheel.eval.run import efforts_for, make_specs, rollout
     from flywheel.models.torch_engine import load_torch_model
     from flywheel.rl.config import load_config
-    from flywheel.rl.rollout import efforts_for, make_specs, rollout
     from flywheel.rl.train import harness_config, load_tasks
 
     torch.set_num_threads(args.threads)

@@ -173,7 +173,7 @@ class Ours:
         records = [
             record(c, w, s, self.engine.name) for c, w, s in zip(completions, fixes, successes, strict=True)
         ]
-        metrics = self.trainer.step(records)
+        metrics, _ = self.trainer.step(records)
         self.engine.model.eval()
         t2 = time.perf_counter()
         self.step_no += 1

@@ -1,4 +1,4 @@
-"""Shared fixtures: a small real task written with the project's own writer."""
+"""Shared fixtures: a small real task written with the project's own writer, and a tiny SFT base policy."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import pytest
 
 from flywheel.tasks import Task, task_toml, write_task
 from flywheel.tasks.patch import make_patch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GOOD = '''def clamp(x, lo, hi):
     """Clamp x into [lo, hi]."""
@@ -60,3 +62,14 @@ def build_clamp_task(dest: Path) -> Task:
 @pytest.fixture
 def clamp_task(tmp_path: Path) -> Task:
     return build_clamp_task(tmp_path / "tasks" / "clamp-1")
+
+
+@pytest.fixture(scope="session")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny base policy from `flywheel sft configs/sft-quick.toml` (real imitation data, real training),
+    built once per test run."""
+    from flywheel.rl.config import load_config
+    from flywheel.sft import SftConfig, run_sft
+
+    cfg = load_config(ROOT / "configs" / "sft-quick.toml", SftConfig)
+    return run_sft(cfg, tmp_path_factory.mktemp("sft") / "base")

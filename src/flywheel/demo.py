@@ -46,7 +46,7 @@ def cached_base(sft_config: Path) -> Path:
     """The SFT base for `sft_config`, built once into the cache (keyed by the config's bytes and by the
     imitation data's format, so that a changed teacher trains a new base)."""
     from flywheel.rl.config import load_config
-    from flywheel.rl.sft import DATA_FORMAT, SftConfig, run_sft
+    from flywheel.sft import DATA_FORMAT, SftConfig, run_sft
     from flywheel.tasks import cache_dir
 
     key = hashlib.sha256(sft_config.read_bytes() + f"\ndata format {DATA_FORMAT}".encode()).hexdigest()[:12]
@@ -89,8 +89,9 @@ def plot(before: dict, after: dict, path: Path) -> None:
 
 
 def main() -> None:
+    from flywheel.eval.measure import evaluate_policy
+    from flywheel.rl.calibrate import measuring, run_calibration
     from flywheel.rl.config import load_config
-    from flywheel.rl.measure import evaluate_policy, run_calibration
     from flywheel.rl.train import load_engine, load_heldout, setup_torch, train
     from flywheel.tasks import load_suite
 
@@ -117,13 +118,13 @@ def main() -> None:
     setup_torch(cfg)
     stage(4, f"evaluating the base on {len(heldout)} held-out tasks ...")
     engine = load_engine(cfg, f"hf:{base}")
-    before = evaluate_policy(engine, heldout, cfg, out / "eval-base")
+    before = evaluate_policy(engine, heldout, out=out / "eval-base", **measuring(cfg))
     stage(5, f"training for {cfg.train.steps} steps ...")
     train(cfg, out / "train")
     latest = sorted((out / "train" / "checkpoints").glob("step-*"))[-1]
     stage(6, "evaluating the trained policy ...")
     engine = load_engine(cfg, f"hf:{latest}")
-    after = evaluate_policy(engine, heldout, cfg, out / "eval-trained")
+    after = evaluate_policy(engine, heldout, out=out / "eval-trained", **measuring(cfg))
     (out / "results.json").write_text(json.dumps({"base": before, "trained": after}, indent=1) + "\n")
     plot(before, after, out / "pareto.png")
     print(

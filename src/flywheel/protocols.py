@@ -1,7 +1,8 @@
 """The seams of the flywheel, in one place.
 
-Every component is a backend of one of these protocols: the sandbox an attempt runs in, the model that
-acts, the verifier that grades, the trainer that updates weights and the store that carries them. Value
+Every component is a backend of one of these protocols, and the code programs against them: the sandbox
+an attempt runs in, the model that acts, the grader that judges, the trainer that updates weights, the
+loop backend that places trainer and pools, and the store that carries weights. Value
 types exchanged across a seam live here too, so that a reader sees every contract on one page.
 """
 
@@ -138,25 +139,71 @@ class Verdict:
         }
 
 
-class Verifier(Protocol):
-    """Grades a finished workspace against a task, never in place."""
+@runtime_checkable
+class Grader(Protocol):
+    """Grades a finished workspace against its task, never in place (`flywheel.verify.default_grader`)."""
 
-    def grade(self, task: Any, workspace: Path) -> Verdict: ...
-
-
-# ------------------------------------------------------------------------------------ trainer and store
-
-
-class Trainer(Protocol):
-    """Turns graded trajectories into new weights."""
-
-    def step(self, trajectories: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-        """One optimisation step; returns its metrics."""
+    def __call__(self, task: Any, workspace: Path, trajectory: dict[str, Any]) -> Verdict:
+        """`trajectory` holds the attempt's actions (`{"turns": [...]}`) for the exploit detectors."""
         ...
 
-    def state_dict(self) -> Mapping[str, Any]: ...
 
-    def save(self, path: Path) -> None: ...
+# ------------------------------------------------------------------------------------ trainer and loop
+
+
+@runtime_checkable
+class LoopTrainer(Protocol):
+    """Turns graded trajectory records into new weights (`flywheel.rl.trainer.Trainer`, or a test's fake)."""
+
+    version: int  # the version of the current weights; `step` increments it
+
+    def step(self, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """One update from graded records; returns the step's metrics and each record's score (its reward,
+        advantage and what they were computed from), in the records' order."""
+        ...
+
+    def serving_weights(self) -> dict[str, Any]:
+        """bf16 copies of the weights to publish (names as in the pools' model state dict)."""
+        ...
+
+    def save(self, dir: Path) -> None:
+        """Write a complete checkpoint (model, optimizer, RNG, version) into `dir` (not yet existing)."""
+        ...
+
+    def load(self, dir: Path) -> None:
+        """Restore what `save` wrote."""
+        ...
+
+
+class LoopBackend(Protocol):
+    """Where the loop's trainer host and pools run (`flywheel.loop`: inline, local processes, Ray actors).
+
+    Trainer calls are asynchronous handles; pool traffic is events `(kind, pool_id, payload)` with kind
+    one of ready, started, record, batch, lost, error.
+    """
+
+    def call(self, method: str, *args: Any) -> Any:
+        """Start `TrainerHost.<method>(*args)`; returns a handle for `done` and `result`."""
+        ...
+
+    def done(self, handle: Any) -> bool: ...
+
+    def result(self, handle: Any) -> Any: ...
+
+    def start_pool(self, spec: Any) -> None:
+        """Start (or restart) a pool; it reports "ready" once it serves weights."""
+        ...
+
+    def submit(self, pool_id: str, items: list[Any]) -> None: ...
+
+    def poll(self, timeout: float) -> list[tuple[str, str, Any]]:
+        """The events that arrived within `timeout` seconds."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# ------------------------------------------------------------------------------------------ weights
 
 
 class WeightStore(Protocol):

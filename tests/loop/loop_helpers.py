@@ -43,10 +43,12 @@ class FakeTrainer:
         self.temperature = temperature
         self.version = 0
 
-    def step(self, records: list[dict[str, Any]]) -> dict[str, float]:
+    def step(self, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, float]]]:
         from flywheel.rl import policy_loss, replay_log_probs
 
-        rewards = torch.tensor([float(r["reward"]) - 1e-3 * r["usage"]["completion_tokens"] for r in records])
+        rewards = torch.tensor(
+            [float(r["success"]) - 1e-3 * r["usage"]["completion_tokens"] for r in records]
+        )
         adv = rewards - rewards.mean() + 1e-2 * torch.randn(len(records), generator=self.gen)
         self.opt.zero_grad(set_to_none=True)
         total, tokens, is_w = 0.0, 0, []
@@ -66,13 +68,16 @@ class FakeTrainer:
                 is_w.append(stats["is_weight_mean"])
         self.opt.step()
         self.version += 1
-        return {
+        metrics = {
             "loss": total,
             "reward_mean": float(rewards.mean()),
             "adv_abs_mean": float(adv.abs().mean()),
             "tokens": float(tokens),
             "is_weight_mean": sum(is_w) / max(1, len(is_w)),
         }
+        return metrics, [
+            {"reward": float(r), "advantage": float(a)} for r, a in zip(rewards, adv, strict=True)
+        ]
 
     def serving_weights(self) -> dict[str, torch.Tensor]:
         return {n: t.detach().to(torch.bfloat16).clone() for n, t in self.model.state_dict().items()}
@@ -106,7 +111,7 @@ def loop_config(model_dir: Path, **kw: Any):
     from flywheel.loop import LoopConfig
 
     base = dict(
-        model=f"hf:{model_dir}", pools=2, pool_batch=2, groups_per_step=1, samples=2, steps=3,
+        model=f"hf:{model_dir}", backend="local", pools=2, pool_batch=2, groups_per_step=1, samples=2, steps=3,
         effort_overrides={"max_turns": 2, "turn_tokens": 12}, grader="loop_helpers:quick_grade",
         anchor_every=3, catch_up_wait_s=20.0,
     )  # fmt: skip

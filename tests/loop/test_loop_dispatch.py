@@ -76,8 +76,11 @@ def test_staleness_bound():
 
 
 def test_config_checks():
-    cfg = LoopConfig(model="hf:x", deterministic=True, max_staleness=3)
+    cfg = LoopConfig(model="hf:x", backend="local", deterministic=True, max_staleness=3)
     assert cfg.sync and cfg.max_staleness == 0 and cfg.pool_batch == 1
+    assert LoopConfig(model="hf:x", backend="inline", max_staleness=3).sync  # one process: always synchronous
+    with pytest.raises(FlywheelError, match="checkpoint_every = 2 needs the inline backend"):
+        check_config(LoopConfig(model="hf:x", backend="local", checkpoint_every=2))
     with pytest.raises(FlywheelError, match="unknown loop backend"):
         check_config(LoopConfig(model="hf:x", backend="slurm"))
     with pytest.raises(FlywheelError, match="pools"):

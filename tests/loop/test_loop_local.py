@@ -43,8 +43,8 @@ def test_pools_follow_deltas_with_bounded_staleness(tmp_path, tiny_model, clamp_
     metrics = lines(out / "metrics.jsonl")
     assert [m["version"] for m in metrics] == [1, 2, 3, 4]
     used = check_exactly_once(out, metrics[-1]["loop_round"] + 1, 2)
-    for r in used:  # used at trainer version loop_version - 1, generated at policy_version
-        assert r["loop_version"] - 1 - r["policy_version"] <= 1
+    for r in used:  # used at trainer version step - 1, generated at policy_version
+        assert r["step"] - 1 - r["policy_version"] <= 1
     assert {m["loop_staleness_max"] for m in metrics} <= {0, 1}
     assert any(r["policy_version"] > 0 for r in used)  # pools moved on to published deltas
     store = FsspecStore(str(out / "weights"))

@@ -6,7 +6,8 @@ import json
 
 from loop_helpers import loop_config
 
-from flywheel.loop import LoopTrainer, run
+from flywheel.loop import run
+from flywheel.protocols import LoopTrainer
 
 
 def test_real_trainer_drives_the_loop(tmp_path, tiny_model, clamp_task):

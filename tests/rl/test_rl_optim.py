@@ -220,7 +220,7 @@ def test_tiny_llama_from_transformers():
 
 
 def test_train_top_layers_freezes_everything_below_them():
-    from flywheel.rl.optim import train_top_layers
+    from flywheel.models.hf import train_top_layers
 
     model = make_model("tied")
     n = train_top_layers(model, 1)
@@ -238,7 +238,7 @@ def test_train_top_layers_freezes_everything_below_them():
 
 @pytest.mark.parametrize("k", [-1, 3])
 def test_train_top_layers_refuses_a_count_the_model_does_not_have(k):
-    from flywheel.rl.optim import train_top_layers
+    from flywheel.models.hf import train_top_layers
 
     with pytest.raises(ValueError, match=f"train_layers = {k}"):
         train_top_layers(make_model(), k)

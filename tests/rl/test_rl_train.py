@@ -1,4 +1,4 @@
-"""The RL loop end to end on a tiny base: SFT, training steps, determinism, resume, config errors."""
+"""The RL loop end to end on the tiny SFT base (tests/conftest.py): steps, determinism, resume, config."""
 
 from __future__ import annotations
 
@@ -8,18 +8,12 @@ from pathlib import Path
 import pytest
 
 from flywheel.errors import FlywheelError
+from flywheel.loop import LoopConfig, RunDir
 from flywheel.rl.config import RunConfig, load_config
-from flywheel.rl.sft import SftConfig, encode, messages_of, render_with_spans, run_sft
-from flywheel.rl.train import Run, train
+from flywheel.rl.train import train
+from flywheel.sft import SftConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory) -> Path:
-    """A tiny base policy from `flywheel sft configs/sft-quick.toml` (real imitation data, real training)."""
-    cfg = load_config(ROOT / "configs" / "sft-quick.toml", SftConfig)
-    return run_sft(cfg, tmp_path_factory.mktemp("sft") / "base")
 
 
 def quick(base: Path, steps: int = 2) -> RunConfig:
@@ -29,97 +23,14 @@ def quick(base: Path, steps: int = 2) -> RunConfig:
     return cfg
 
 
-def test_sft_writes_a_loadable_model_and_its_loss(base):
-    info = json.loads((base / "sft_config.json").read_text())
-    assert info["episodes"] == 6 and info["tokens"] > 0
-    rows = [json.loads(line) for line in (base / "sft_metrics.jsonl").read_text().splitlines()]
-    assert [r["copy_step"] for r in rows if "copy_step" in r] == [1, 2, 3]  # copy pretraining comes first
-    losses = [r["loss"] for r in rows if "loss" in r]
-    assert losses and all(loss > 0 for loss in losses) and "copy_step" in rows[0]
-    from flywheel.models.torch_engine import load_torch_model
-
-    engine = load_torch_model(f"hf:{base}")
-    assert engine.tokenizer.eos_token == "<|im_end|>"
-
-
-def test_an_sft_base_is_evaluated_under_the_harness_it_learned(base):
-    from flywheel.rl.sft import trained_harness
-
-    info = json.loads((base / "sft_config.json").read_text())
-    assert trained_harness(f"hf:{base}") == {
-        "action_format": "tagged",
-        "observation_chars": info["config"]["data"]["observation_chars"],
-    }
-    assert trained_harness("scripted") == {} and trained_harness(f"hf:{base / 'missing'}") == {}
-
-
-def test_sft_learns_only_the_assistant_tokens():
-    from flywheel.models.tiny import CHAT_TEMPLATE, train_tokenizer, wrap_tokenizer
-
-    messages = [
-        {"role": "system", "content": "sys"},
-        {"role": "user", "content": "fix it"},
-        {"role": "assistant", "content": "<run_tests/>"},
-        {"role": "user", "content": "1 failed"},
-    ]
-    text, spans = render_with_spans(messages)
-    tok = wrap_tokenizer(train_tokenizer([text] * 4, 300), CHAT_TEMPLATE)
-    assert text == tok.apply_chat_template(messages, tokenize=False)  # the engine renders the same text
-    ids, target = encode(tok, messages, 10_000)
-    learned = tok.decode([i for i, t in zip(ids, target, strict=True) if t])
-    assert learned == "<run_tests/><|im_end|>"
-    ids, weights = encode(tok, messages, 10_000, context_weight=0.25)
-    read = tok.decode([i for i, w in zip(ids, weights, strict=True) if w == 0.25])
-    assert read == "sys<|im_end|>fix it<|im_end|>1 failed<|im_end|>"
-    assert tok.decode([i for i, w in zip(ids, weights, strict=True) if w == 1.0]) == learned
-
-
-def test_messages_of_a_record_replays_the_conversation():
-    record = {
-        "turns": [
-            {"role": "system", "text": "s"},
-            {"role": "user", "text": "u"},
-            {"role": "assistant", "text": '<view path="a.py"/>'},
-            {"role": "tool", "name": "view", "text": "1| x"},
-            {"role": "assistant", "text": "oops"},
-            {"role": "tool", "name": "format_error", "text": "error: no action"},
-        ]
-    }
-    assert [m["role"] for m in messages_of(record)] == [
-        "system",
-        "user",
-        "assistant",
-        "user",
-        "assistant",
-        "user",
-    ]
-    assert messages_of(record)[-1]["content"] == "error: no action"
-
-
-def test_sft_does_not_learn_the_teachers_malformed_actions():
-    record = {
-        "turns": [
-            {"role": "system", "text": "s"},
-            {"role": "user", "text": "u"},
-            {"role": "assistant", "text": "I will look first."},
-            {"role": "tool", "name": "format_error", "text": "error: no action found"},
-            {"role": "assistant", "text": "<run_tests/>"},
-            {"role": "tool", "name": "run_tests", "text": "1 failed"},
-        ]
-    }
-    text, spans = render_with_spans(messages_of(record))
-    assert "I will look first." in text  # still context: the model sees the recovery
-    assert [text[a:b] for a, b in spans] == ["<run_tests/><|im_end|>"]
-
-
 def test_deterministic_runs_are_byte_identical_and_resume_continues_the_same(base, tmp_path):
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     rows = train(quick(base), a)
     train(quick(base), b)
     assert (a / "metrics.jsonl").read_bytes() == (b / "metrics.jsonl").read_bytes()
     for name in ("model.safetensors", "optimizer.pt"):
-        assert (a / "checkpoints/step-000002" / name).read_bytes() == (
-            b / "checkpoints/step-000002" / name
+        assert (a / "checkpoints/v00000002/trainer" / name).read_bytes() == (
+            b / "checkpoints/v00000002/trainer" / name
         ).read_bytes()
     # an interrupted run (one step, then a torn line) resumes to the same metrics
     train(quick(base, steps=1), c)
@@ -165,8 +76,10 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
         ("[reward]\nlength_penalty = -0.1\n", "[reward] length_penalty"),
         ("[reward]\nlength_budget = { turbo = 3 }\n", "[reward] length_budget"),
         ("[reward]\nlength_scope = 'some'\n", "[reward] length_scope"),
-        ("[loop]\nbackend = 'local'\n[train]\nmax_minutes = 5\n", "[train] max_minutes"),
-        ("[loop]\nbackend = 'local'\n[tasks]\nrecurate_every = 2\n", "[tasks] recurate_every"),
+        ("[loop]\nbackend = 'slurm'\n", "unknown loop backend 'slurm'"),
+        ("[loop]\npoolz = 2\n", "'poolz'"),
+        ("[loop]\nsteps = 3\n", "[loop] steps"),
+        ("[loop]\nbackend = 'local'\n[train]\ncheckpoint_every = 2\n", "checkpoint_every = 2"),
     ]:
         bad.write_text(body)
         with pytest.raises(SystemExit) as exit_:
@@ -176,7 +89,11 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
         assert needle in err and "Traceback" not in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "configs").glob("*.toml")) + sorted((ROOT / "experiments" / "configs").glob("*.toml")),
+    ids=lambda p: p.name,
+)
 def test_every_shipped_config_loads(path):
     cfg = load_config(path, SftConfig if path.name.startswith("sft") else RunConfig)
     if isinstance(cfg, SftConfig) and cfg.data.teacher.startswith("scripted"):
@@ -238,81 +155,6 @@ def test_a_curated_train_suite_is_evaluated_on_the_held_out_split_of_eval_suite(
     assert [t.id for t in load_heldout(cfg)] == [t.id for t in load_suite("toybugs", split="heldout")]
 
 
-def test_weighted_loss_is_the_action_loss_when_context_weighs_nothing(tmp_path):
-    import torch
-
-    from flywheel.models.tiny import build_tiny_model
-    from flywheel.models.torch_engine import load_torch_model
-    from flywheel.rl.sft import collate, weighted_loss
-
-    messages = [
-        {"role": "user", "content": "fix add.py"},
-        {"role": "assistant", "content": '<view path="add.py"/>'},
-        {"role": "user", "content": "1| def add(a, b):"},
-        {"role": "assistant", "content": "<submit/>"},
-    ]
-    build_tiny_model(
-        tmp_path / "m", [render_with_spans(messages)[0]] * 4, vocab_size=300, hidden=32, layers=1, heads=2
-    )
-    engine = load_torch_model(f"hf:{tmp_path / 'm'}")
-    ids, mask, weights = collate([encode(engine.tokenizer, messages, 512)], engine.tokenizer.pad_token_id)
-    labels = torch.where(weights == 1.0, ids, torch.full_like(ids, -100))
-    reference = engine.model(input_ids=ids, attention_mask=mask, labels=labels).loss
-    objective, action = weighted_loss(engine.model, ids, mask, weights)
-    assert torch.allclose(objective, reference, atol=1e-5) and torch.allclose(action, reference, atol=1e-5)
-    ids, mask, weights = collate(
-        [encode(engine.tokenizer, messages, 512, 0.5)], engine.tokenizer.pad_token_id
-    )
-    objective, action = weighted_loss(engine.model, ids, mask, weights)
-    assert torch.allclose(action, reference, atol=1e-5) and not torch.allclose(
-        objective, reference, atol=1e-3
-    )
-
-
-def test_a_copy_example_learns_only_the_predictable_part_of_the_repeat():
-    import random
-
-    from flywheel.rl.sft import copy_example
-
-    stream = list(range(1000, 1300))
-    for seed in range(20):
-        ids, weights = copy_example(stream, random.Random(seed))
-        window, repeat = ids[:200], ids[200:]
-        assert window == stream[window[0] - 1000 : window[0] - 1000 + 200] and 8 <= len(repeat) <= 40
-        start = window.index(repeat[0])
-        assert window[start : start + len(repeat)] == repeat  # the repeat is a span of the window
-        assert weights == [0.0] * 202 + [1.0] * (len(repeat) - 2)
-
-
-def test_sft_refuses_a_context_weight_the_actions_cannot_outweigh(tmp_path, capsys):
-    from flywheel.cli import main
-
-    bad = tmp_path / "bad.toml"
-    bad.write_text("[train]\ncontext_weight = 1.0\n")
-    with pytest.raises(SystemExit) as exit_:
-        main(["sft", str(bad), "--out", str(tmp_path / "base")])
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "train.context_weight" in err and err.count("\n") == 1, err
-    assert not (tmp_path / "base").exists()
-
-
-def test_sft_renames_its_share_of_the_teachers_episodes(base):
-    from flywheel.rl.sft import augmented, collect
-
-    cfg = load_config(ROOT / "configs" / "sft-quick.toml", SftConfig)
-    records = collect(cfg)  # cached by the fixture's run
-    convs = [messages_of(r) for r in records]
-    out = augmented(convs, records, cfg)
-    changed = [a != b for a, b in zip(convs, out, strict=True)]
-    assert 0 < sum(changed) < len(convs)  # rename = 0.5 of 6 episodes, drawn from the seed
-    assert out == augmented(convs, records, cfg)  # deterministic
-    for before, after, r in zip(convs, out, records, strict=True):
-        assert after[0] == before[0]  # the system prompt
-        module = r["task_id"].split("-")[1]
-        text = " ".join(m["content"] for m in after[1:])
-        assert (f"{module}.py" in text) != (after != before)
-
-
 def test_training_on_renamed_copies_of_its_tasks(base, tmp_path):
     cfg = quick(base, steps=1)
     cfg.tasks.rename = 1.0
@@ -322,45 +164,6 @@ def test_training_on_renamed_copies_of_its_tasks(base, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "r" / "trajectories.jsonl").read_text().splitlines()]
     assert {r["task_id"] for r in records} == set(copies)
     assert all(r["task_id"] == r["renamed_from"] + ".s000001" for r in records)
-
-
-def test_sft_from_a_pretrained_model_trains_only_its_top_layers(base, tmp_path):
-    import torch
-    from safetensors.torch import load_file
-
-    cfg = load_config(ROOT / "configs" / "sft-quick.toml", SftConfig)
-    cfg.model.init, cfg.train.train_layers, cfg.train.copy_steps = f"hf:{base}", 1, 0
-    out = run_sft(cfg, tmp_path / "tuned")
-    before, after = load_file(base / "model.safetensors"), load_file(out / "model.safetensors")
-    changed = {k for k in before if not torch.equal(before[k], after[k])}
-    assert changed and all(k.startswith(("model.layers.1.", "model.norm.")) for k in changed), changed
-    assert (out / "tokenizer.json").read_text() == (base / "tokenizer.json").read_text()
-
-
-def test_sft_refuses_more_train_layers_than_the_model_has(base, tmp_path, capsys):
-    from flywheel.cli import main
-
-    bad = tmp_path / "bad.toml"
-    bad.write_text(
-        f'[data]\nepisodes = 2\nconcurrency = 2\n[model]\ninit = "hf:{base}"\n[train]\ntrain_layers = 9\n'
-    )
-    with pytest.raises(SystemExit) as exit_:
-        main(["sft", str(bad), "--out", str(tmp_path / "tuned")])
-    err = capsys.readouterr().err
-    assert (
-        exit_.value.code == 2
-        and err == "flywheel: error: train.train_layers = 9: the model has 2 decoder layers\n"
-    )
-    assert not (tmp_path / "tuned").exists() and not (tmp_path / ".tuned.building").exists()
-    bad.write_text(
-        "[data]\nepisodes = 2\n[model]\nlayers = 2\n[train]\ntrain_layers = 3\n"
-    )  # a new tiny model
-    with pytest.raises(SystemExit) as exit_:
-        main(["sft", str(bad), "--out", str(tmp_path / "tuned")])
-    err = capsys.readouterr().err  # one line, before any data is collected
-    assert exit_.value.code == 2 and err == (
-        "flywheel: error: train.train_layers = 3: must be 0 (all) or at most the model's 2 layers\n"
-    )
 
 
 def test_the_runs_engine_keeps_the_prefix_cache_the_config_asks_for(base):
@@ -413,7 +216,7 @@ def test_a_time_budget_counts_the_minutes_spent_before_a_resume(base, tmp_path):
     cfg = quick(base, steps=2)
     cfg.train.max_minutes = 1e-4  # the first step passes it
     assert [r["step"] for r in train(cfg, tmp_path / "t")] == [1]
-    assert (tmp_path / "t" / "checkpoints" / "step-000001" / "trainer.json").is_file()
+    assert (tmp_path / "t" / "checkpoints" / "v00000001" / "trainer" / "trainer.json").is_file()
     assert train(cfg, tmp_path / "t") == []  # resumed: the budget was spent before
     cfg.train.max_minutes = 0.0
     assert [r["step"] for r in train(cfg, tmp_path / "t")] == [2]
@@ -422,7 +225,7 @@ def test_a_time_budget_counts_the_minutes_spent_before_a_resume(base, tmp_path):
 def test_a_time_budget_starts_no_step_that_would_end_past_it(base, tmp_path):
     cfg = quick(base, steps=2)
     assert [r["step"] for r in train(cfg, tmp_path / "t")] == [1, 2]  # no budget; their timings kept
-    spent = Run(tmp_path / "t").step_seconds()
+    spent = RunDir(tmp_path / "t").step_seconds()
     cfg.train.steps = 3
     cfg.train.max_minutes = (sum(spent) + 0.5 * max(spent)) / 60  # room for half of the longest step
     assert train(cfg, tmp_path / "t") == []
@@ -436,7 +239,7 @@ def test_a_loop_backend_runs_episodes_under_the_run_configs_budgets(base, tmp_pa
     cfg = quick(base, steps=1)
     cfg.rollout.max_turns = {"medium": 1, "high": 1, "max": 2}
     cfg.rollout.observation_chars, cfg.rollout.cohorts = 300, 2
-    cfg.loop = {"backend": "local", "pools": 1}
+    cfg.loop = LoopConfig(backend="local", pools=1)
     lcfg = loop_config(cfg)
     assert (lcfg.observation_chars, lcfg.cohorts, lcfg.action_format) == (300, 2, "tagged")
     assert lcfg.budgets["max"]["max_turns"] == 2 and lcfg.budgets["medium"]["max_tokens"] == 300
@@ -453,7 +256,7 @@ def test_a_loop_backend_runs_episodes_under_the_run_configs_budgets(base, tmp_pa
 def test_torch_threads_sets_the_count_inside_the_block_and_restores_it():
     import torch
 
-    from flywheel.rl.train import torch_threads
+    from flywheel.rl.trainer import torch_threads
 
     before = torch.get_num_threads()
     with torch_threads(before + 1):

@@ -98,7 +98,7 @@ def test_a_step_without_scores_takes_its_length_penalty_phase_from_the_version(e
     cfg = RunConfig()
     cfg.reward.length_penalty, cfg.reward.length_budget, cfg.reward.length_phase = 0.1, {"medium": 3}, 1
     trainer = Trainer(engine.model, engine.tokenizer, cfg, {})
-    rewards = [trainer.step(records)["medium/reward"] for _ in range(3)]
+    rewards = [trainer.step(records)[0]["medium/reward"] for _ in range(3)]
     assert rewards == pytest.approx([0.5, (0.8 - 0.3) / 2, 0.5])
     assert trainer.version == 3
 
@@ -129,7 +129,7 @@ def test_a_step_raises_the_likelihood_of_the_rewarded_completion(engine):
         return torch.log_softmax(logits, -1).gather(1, torch.tensor(t["token_ids"]).unsqueeze(1)).sum().item()
 
     before = [logp(r) for r in records]
-    metrics = trainer.step(records)
+    metrics, _ = trainer.step(records)
     after = [logp(r) for r in records]
     assert trainer.version == 1 and metrics["success"] == 0.5 and metrics["grad_norm"] > 0
     assert after[0] > before[0] and after[1] < before[1]
@@ -184,7 +184,7 @@ def test_packed_and_padded_steps_give_the_same_update(engine):
         cfg = RunConfig()
         cfg.optim.kind, cfg.optim.lr, cfg.objective.pack = "adamw", 1e-2, pack
         engine.model.load_state_dict(state)
-        metrics = Trainer(engine.model, engine.tokenizer, cfg, {"medium": 0.0}).step(records)
+        metrics, _ = Trainer(engine.model, engine.tokenizer, cfg, {"medium": 0.0}).step(records)
         after[pack] = ({k: v.clone() for k, v in engine.model.state_dict().items()}, metrics)
     engine.model.load_state_dict(state)
     assert after[True][1]["grad_norm"] == pytest.approx(after[False][1]["grad_norm"], rel=1e-4)

@@ -1,25 +1,17 @@
-"""Difficulty curation: pass rates from trajectory records, selection, and the real curate run."""
+"""Difficulty curation's pure parts: pass rates from trajectory records, selection, the histogram.
+
+The curate run itself (a policy's attempts) is tested in tests/eval/test_eval_curate.py.
+"""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from flywheel.errors import FlywheelError
-from flywheel.harness.actions import Action, render_tagged
-from flywheel.models import get_model
-from flywheel.protocols import Completion
-from flywheel.tasks import load_suite, task_toml, write_task
-from flywheel.tasks.curate import curate, histogram, pass_rates, select
-from flywheel.tasks.patch import make_patch
-
-GOOD = "def double(x):\n    return 2 * x\n"
-BUGGY = "def double(x):\n    return 2 + x\n"
-TESTS = "from mathx import double\n\n\ndef test_double():\n    assert double(5) == 10\n\n\ndef test_zero():\n    assert double(0) == 0\n"
+from flywheel.tasks import load_suite
+from flywheel.tasks.curate import histogram, pass_rates, select, write_curated
 
 
 def rec(task_id: str, success: bool, version: int = 0) -> dict:
@@ -64,81 +56,14 @@ def test_histogram_bins_and_extremes():
     assert (h["never_solved"], h["always_solved"], h["not_attempted"]) == (1, 1, 1)
 
 
-class CoinModel:
-    """The scripted oracle on even-numbered attempts; on odd ones, and on task `hard`, it submits at once."""
-
-    name = "coin"
-    native_tools = False
-
-    def __init__(self):
-        self.oracle = get_model("scripted")
-
-    def generate(self, requests):
-        out = []
-        for r in requests:
-            episode = str(r.meta.get("episode", ""))
-            if episode.startswith("hard/") or int(episode.rsplit("/", 1)[-1]) % 2:
-                out.append(Completion(render_tagged(Action("submit")), completion_tokens=3))
-            else:
-                out.extend(self.oracle.generate([r]))
-        return out
-
-
-def double_task(dest: Path, task_id: str):
-    return write_task(
-        dest,
-        toml=task_toml(
-            id=task_id,
-            instruction="double(5) returns 7; it should be 10.",
-            test_command="python -m pytest -q tests",
-            fail_to_pass=["tests/test_mathx.py::test_double"],
-            pass_to_pass=[],
-            timeout_s=30,
-        ),
-        repo={"mathx.py": BUGGY, "tests/test_mathx.py": TESTS},
-        hidden_tests={"tests/test_mathx.py": TESTS},
-        solution_patch=make_patch({"mathx.py": BUGGY}, {"mathx.py": GOOD}),
-    )
-
-
-def test_curate_keeps_the_sometimes_solved_task(tmp_path):
-    tasks = [double_task(tmp_path / "suite" / tid, tid) for tid in ("easy", "hard")]
+def test_write_curated_keeps_the_selected_tasks_as_a_suite(clamp_task, tmp_path):
     out = tmp_path / "cur"
-    rep = curate(tasks, CoinModel(), out, k=2, p_max=0.75, concurrency=4)
-    assert rep["rates"]["easy"] == {"successes": 1, "attempts": 2, "p": 0.5}
-    assert rep["rates"]["hard"]["successes"] == 0
-    assert rep["kept_ids"] == ["easy"] and rep["kept"] == 1 and rep["tasks"] == 2
-    assert rep["histogram_before"]["never_solved"] == 1 and sum(rep["histogram_after"]["counts"]) == 1
-    assert [t.id for t in load_suite(out / "tasks")] == ["easy"]
+    records = [rec("clamp-1", True), rec("clamp-1", False)]
+    rep = write_curated(out, [clamp_task], records, {"model": "m", "k": 2, "p_max": 0.75})
+    assert rep["kept_ids"] == ["clamp-1"] and (rep["model"], rep["k"], rep["p_max"]) == ("m", 2, 0.75)
+    assert list(rep)[:3] == ["model", "k", "p_max"]  # the settings open the report
+    assert [t.id for t in load_suite(out / "tasks")] == ["clamp-1"]
     assert json.loads((out / "report.json").read_text()) == rep
-    assert len((out / "trajectories.jsonl").read_text().splitlines()) == 4
-    assert (out / "pass_rates.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    with pytest.raises(FlywheelError, match="exists"):
-        curate(tasks, CoinModel(), out, k=1)
-
-
-def test_curate_command_with_an_oracle(clamp_task, tmp_path):
-    out = tmp_path / "cur"
-    cmd = [
-        sys.executable,
-        "-m",
-        "flywheel",
-        "tasks",
-        "curate",
-        clamp_task.root.parent,
-        "--model",
-        "scripted-noisy",
-        "--k",
-        "2",
-        "--out",
-        out,
-    ]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    rep = json.loads((out / "report.json").read_text())
     assert (
-        rep["rates"]["clamp-1"]["p"] == 1.0 and rep["kept"] == 0
-    )  # the oracle always solves: nothing to learn
-    assert rep["histogram_before"]["always_solved"] == 1 and "kept 0 of 1" in r.stdout
-    r = subprocess.run(cmd[:-1] + [tmp_path / "x", "--p-max", "0"], capture_output=True, text=True)
-    assert r.returncode == 2 and "p-max" in r.stderr and "Traceback" not in r.stderr
+        write_curated(tmp_path / "none", [clamp_task], [rec("clamp-1", True)], {"p_max": 0.75})["kept"] == 0
+    )

@@ -22,10 +22,10 @@ from flywheel.tasks.synth import (
     candidate_order,
     classify,
     is_test_file,
-    run_suite,
     source_files,
 )
 from flywheel.verify.qa import validate_task
+from flywheel.verify.synth_check import run_suite
 
 CALC = '''"""A tiny numeric helper module."""
 

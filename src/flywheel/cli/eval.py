@@ -49,7 +49,7 @@ def eval_(
     policy = get_model(model, seed=seed, **opts) if model.startswith("scripted") else get_model(model, **opts)
     learned = {}
     if model.startswith("hf:"):  # a `flywheel sft` base is evaluated under the harness settings it learned
-        from flywheel.rl.sft import trained_harness
+        from flywheel.sft import trained_harness
 
         learned = trained_harness(model)
     cfg = HarnessConfig(temperature=temperature, top_p=top_p, cohorts=cohorts, **learned)

@@ -135,7 +135,9 @@ def synth(
 ) -> None:
     """Plant bugs in a real project's functions; keep those its tests catch; write them as tasks."""
     from flywheel.progress import progress
+    from flywheel.sandbox import get_sandbox
     from flywheel.tasks.synth import synthesize, write_report
+    from flywheel.verify.synth_check import suite_runner
 
     if not from_dir.is_dir():
         raise FlywheelError(f"{from_dir}: not a directory")
@@ -152,6 +154,7 @@ def synth(
         rep = synthesize(
             from_dir,
             out,
+            run_suite=suite_runner(get_sandbox()),
             max_tasks=max_tasks,
             seed=seed,
             timeout_s=timeout,
@@ -186,11 +189,11 @@ def curate(
     seed: int = typer.Option(0, "--seed", help="Seed of the sampler and of noisy oracles."),
 ) -> None:
     """Pass rate of each task over k attempts of MODEL; keep the tasks it solves only sometimes."""
+    from flywheel.eval.curate import curate as run_curate
     from flywheel.harness import get_effort
     from flywheel.models import get_model
     from flywheel.progress import progress
     from flywheel.tasks import load_suite
-    from flywheel.tasks.curate import curate as run_curate
 
     get_effort(effort)  # bad input fails before anything loads
     if p_max <= 0:

@@ -21,7 +21,7 @@ def sft(
     out: Path = typer.Option(..., "--out", help="Directory for the base model (HF format); must not exist."),
 ) -> None:
     """Train the embedded base policy by imitating scripted-noisy trajectories (see configs/sft.toml)."""
-    from flywheel.rl.sft import SftConfig, run_sft
+    from flywheel.sft import SftConfig, run_sft
 
     cfg = _load(config, SftConfig)
     path = run_sft(cfg, out)
@@ -37,7 +37,7 @@ def calibrate(
     split: str = typer.Option("train", "--split", help="Calibration split of the run's suite."),
 ) -> None:
     """Set λ per effort level from the base policy's cost/success frontier; prints λ as JSON."""
-    from flywheel.rl.measure import run_calibration
+    from flywheel.rl.calibrate import run_calibration
 
     cfg = _load(config)
     if model:

@@ -1,8 +1,12 @@
-"""Evaluation: run a suite through the harness and summarise success against cost.
+"""Evaluation: run a policy over tasks and summarise success against cost.
 
 `run_eval` writes each trajectory to `RUN_DIR/trajectories.jsonl` as soon as it is graded (so an
-interrupted run keeps every finished attempt) and `summary.json` at the end. `summarize` is a pure
-function of trajectory records.
+interrupted run keeps every finished attempt) and `summary.json` at the end; every workspace is graded.
+`summarize` is a pure function of trajectory records.
+
+Modules: `run` (the episode-running primitive every caller shares: specs, effort budgets, `rollout`),
+`measure` (budget ladders and per-effort evaluations, as training measures a policy), `curate`
+(difficulty curation's attempts).
 """
 
 from __future__ import annotations
@@ -16,6 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.errors import FlywheelError
+from flywheel.eval.run import make_specs, rollout
+from flywheel.harness import HarnessConfig, get_effort
+from flywheel.protocols import Model
+from flywheel.sandbox import get_sandbox
+from flywheel.tasks.format import Task
+from flywheel.verify import default_grader
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -71,27 +81,25 @@ def read_trajectories(path: Path) -> list[dict[str, Any]]:
 
 
 def run_eval(
-    tasks: Sequence[Any],
-    model: Any,
+    tasks: Sequence[Task],
+    model: Model,
     out: Path,
     *,
     effort: str = "medium",
     seed: int = 0,
     concurrency: int = 8,
-    cfg: Any = None,
+    cfg: HarnessConfig | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Evaluate `model` on `tasks` at one effort level; returns the summary also written to summary.json."""
-    from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort, run_episodes
-
     out = Path(out)
     traj_path = out / "trajectories.jsonl"
     if traj_path.exists() and not overwrite:
         raise FlywheelError(f"{traj_path} exists: choose another --out, or pass --overwrite")
     out.mkdir(parents=True, exist_ok=True)
-    level = get_effort(effort)
-    specs = [EpisodeSpec(task, level, seed=seed) for task in tasks]
+    specs = make_specs(tasks, [get_effort(effort)], 1, seed=seed)
+    sandbox = get_sandbox()
     with traj_path.open("w") as f:
 
         def write(record: dict[str, Any]) -> None:
@@ -101,7 +109,15 @@ def run_eval(
                 on_record(record)
 
         try:
-            run_episodes(specs, model, cfg=cfg or HarnessConfig(), concurrency=concurrency, on_record=write)
+            rollout(
+                model,
+                specs,
+                cfg or HarnessConfig(),
+                concurrency=concurrency,
+                sandbox=sandbox,
+                grader=default_grader(sandbox),
+                on_record=write,
+            )
         finally:
             f.flush()
             summary = write_summary(out, model_name=model.name, effort=effort)

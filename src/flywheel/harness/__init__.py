@@ -1,17 +1,14 @@
-"""The agent harness: tools, action formats, budgets, effort levels, cost and trajectory records."""
+"""The agent harness: tools, budgets, effort levels, cost and trajectory records.
 
-from flywheel.harness.actions import TOOLS, Action, FormatError, parse_native, parse_tagged, render_tagged
+The action format the model writes (tagged text or native tool calls) is `flywheel.models.actions`, which
+the models and the harness both speak.
+"""
+
 from flywheel.harness.agent import ENDINGS, EpisodeSpec, HarnessConfig, run_episodes
 from flywheel.harness.cost import Pricing, pricing_for
 from flywheel.harness.effort import EFFORTS, Effort, get_effort
 
 __all__ = [
-    "TOOLS",
-    "Action",
-    "FormatError",
-    "parse_native",
-    "parse_tagged",
-    "render_tagged",
     "ENDINGS",
     "EpisodeSpec",
     "HarnessConfig",

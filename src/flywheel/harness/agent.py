@@ -29,22 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flywheel.harness.actions import (
-    STOP,
-    TOOLS,
-    Action,
-    FormatError,
-    parse_native,
-    parse_tagged,
-    restore_stop,
-)
 from flywheel.harness.cost import Pricing, pricing_for
 from flywheel.harness.effort import Effort
 from flywheel.harness.prompts import system_prompt, task_message
 from flywheel.harness.tools import Tools
-from flywheel.protocols import Completion, Model, Request, Sandbox
+from flywheel.models.actions import STOP, TOOLS, Action, FormatError, parse_native, parse_tagged, restore_stop
+from flywheel.protocols import Completion, Grader, Model, Request, Sandbox
+from flywheel.sandbox import get_sandbox
 from flywheel.seeding import stable_seed
 from flywheel.tasks.format import Task
+from flywheel.verify import default_grader
 
 ENDINGS = (
     "submitted",
@@ -301,9 +295,6 @@ def episode_cost(ep: Episode, cfg: HarnessConfig) -> float:
     return pricing.cost(ep.prompt_tokens, ep.completion_tokens, ep.tool_s + ep.gen_s)
 
 
-Grader = Callable[[Task, Path, dict], Any]  # (task, workspace, trajectory actions) -> Verdict
-
-
 def _call_grader(grader: Grader, ep: Episode) -> Any:
     return grader(ep.spec.task, ep.tools.workspace, {"turns": _detector_turns(ep)})
 
@@ -372,7 +363,7 @@ def run_episodes(
 ) -> list[dict[str, Any]]:
     """Run every episode to its ending, `concurrency` at a time; records in completion order.
 
-    `grader` defaults to the shared verifier (`flywheel.verify.grade`) on the same sandbox.
+    `grader` defaults to the shared verifier on the same sandbox (`flywheel.verify.default_grader`).
 
     The active episodes form `cfg.cohorts` fixed cohorts that take turns, 0, 1, …, n-1, 0, …: at its turn
     a cohort collects what its tools did last time (records of the episodes that ended, graded), refills
@@ -384,14 +375,9 @@ def run_episodes(
     order episodes start, so a run with seeded requests is as reproducible as before; the model only sees
     smaller batches.
     """
-    from flywheel.sandbox import get_sandbox
-    from flywheel.verify import detect, grade
-
     cfg = cfg or HarnessConfig()
     sandbox = sandbox or get_sandbox()
-    grader = grader or (
-        lambda task, ws, traj: grade(task, ws, sandbox=sandbox, detector=lambda t, w: detect(t, w, traj))
-    )
+    grader = grader or default_grader(sandbox)
     action_format = _fmt(model, cfg)
     n = max(1, cfg.cohorts)
     base, extra = divmod(min(concurrency, len(specs)), n)

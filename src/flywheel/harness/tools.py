@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from flywheel.harness.actions import Action
+from flywheel.models.actions import Action
 from flywheel.protocols import Limits, Sandbox
 from flywheel.tasks.format import Task
 

@@ -1,9 +1,10 @@
-"""The flywheel across processes: inference pools, a trainer, weight deltas between them, and faults.
+"""The flywheel's one driver: rounds of work, inference pools, a trainer, weight deltas, and faults.
 
-Only the trainer needs one tight machine; inference pools anywhere need only the current weights. So the
-loop runs a trainer and N pools (processes standing in for regions, or Ray actors on other nodes), and
-the only things that travel are work items, trajectory records and weight versions through object
-storage (`flywheel.sync`).
+Every `flywheel train` runs through `run`, whatever the backend (`inline`: one process, the trainer's
+engine generating; `local`: pool processes; `ray`: actors). Only the trainer needs one tight machine;
+inference pools anywhere need only the current weights. So the pool backends run a trainer and N pools
+(processes standing in for regions, or Ray actors on other nodes), and the only things that travel are
+work items, trajectory records and weight versions through object storage (`flywheel.sync`).
 
     driver (runner.Driver) ──work items──► pool 0..N-1 (pool.Pool: engine + Subscriber)
           ▲    │                              │  prefetch next delta while generating,
@@ -13,12 +14,13 @@ storage (`flywheel.sync`).
                                                                             │
                                  WeightStore (file:// or s3://) ◄───────────┘
 
-Modules: `config` (LoopConfig), `dispatch` (work items, leases, exactly-once, staleness; pure state),
-`pool` (the engine that follows the store), `checkpoint` (atomic local checkpoints replicated to a peer),
-`host` (the trainer side), `runner` (the driver and `run`), `local` / `ray_backend` (processes or actors).
+Modules: `config` (LoopConfig, the backend table), `dispatch` (work items, leases, exactly-once,
+staleness; pure state), `pool` (the engine that follows the store), `checkpoint` (atomic local checkpoints
+replicated to a peer), `host` (the trainer side), `runner` (the driver, `RunDir`, `Rounds` and `run`),
+`inline` / `local` / `ray_backend` (the `LoopBackend`s).
 
-The trainer seam is `LoopTrainer` below: the loop drives any object with these five members, built by the
-RL package (`flywheel.rl.trainer.Trainer`) or a test's small fake.
+The seams are in `flywheel.protocols`: the loop drives any `LoopTrainer` (`flywheel.rl.trainer.Trainer`
+or a test's small fake) through any `LoopBackend`; the caller's `Rounds` choose each round's work.
 
 What is covered: a pool killed at any moment (its leased work is reissued; records it finished before
 dying are kept; nothing is counted twice; it restarts from the latest anchor plus deltas), a trainer
@@ -30,45 +32,17 @@ resumes both); the Ray backend survives pool actors dying, not the head node; a 
 longer than the publish retries fails the run (it can be resumed).
 """
 
-from __future__ import annotations
-
-from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
-
-import torch
-
-from flywheel.loop.config import LoopConfig, check_config, config_from_dict
+from flywheel.loop.config import BACKENDS, LoopConfig, check_config, config_from_dict
 from flywheel.loop.dispatch import Dispatcher, WorkItem, round_items, split_fresh
-from flywheel.loop.runner import run
-
-
-@runtime_checkable
-class LoopTrainer(Protocol):
-    """What the loop needs from a trainer."""
-
-    version: int  # the version of the current weights; `step` increments it
-
-    def step(self, records: list[dict[str, Any]]) -> dict[str, float]:
-        """One RL update from graded trajectory records (as `run_episodes` writes them); returns metrics."""
-        ...
-
-    def serving_weights(self) -> dict[str, torch.Tensor]:
-        """bf16 copies of the weights to publish (names as in the pools' model state dict)."""
-        ...
-
-    def save(self, dir: Path) -> None:
-        """Write a complete checkpoint (model, optimizer, RNG, version) into `dir` (not yet existing)."""
-        ...
-
-    def load(self, dir: Path) -> None:
-        """Restore what `save` wrote."""
-        ...
-
+from flywheel.loop.runner import CycleRounds, Rounds, RunDir, run
 
 __all__ = [
+    "BACKENDS",
+    "CycleRounds",
     "Dispatcher",
     "LoopConfig",
-    "LoopTrainer",
+    "Rounds",
+    "RunDir",
     "WorkItem",
     "check_config",
     "config_from_dict",

@@ -1,24 +1,63 @@
-"""`LoopConfig`: how the distributed flywheel runs (pools, schedule, staleness, stores, backend)."""
+"""`LoopConfig`: how a training run is driven (backend, pools, schedule, staleness, stores, budgets).
+
+A run config's `[loop]` table is a `LoopConfig` (typed: unknown keys and wrong types are refused by
+name). The run-level fields below it (`model` … `trajectories`) come from the rest of the run config
+(`flywheel.rl.train.loop_config`); a `[loop]` table may not set them. Tests and other callers of
+`flywheel.loop.run` may fill every field directly.
+
+Backends, by name (imported only when chosen, so Ray loads only for `ray`):
+- `inline`: one process; the trainer's own engine generates (it shares the trainer's parameters, so no
+  weights travel); synchronous by construction. The default.
+- `local`: the trainer in the driver process, each inference pool its own process following the
+  weight store through deltas.
+- `ray`: the trainer host and the pools as Ray actors.
+"""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from flywheel.errors import FlywheelError
+from flywheel.harness import get_effort
 
-BACKENDS = ("local", "ray")
+# name -> "module:class"; each backend takes (host_args, trainer, cfg)
+BACKENDS = {
+    "inline": "flywheel.loop.inline:InlineBackend",
+    "local": "flywheel.loop.local:LocalBackend",
+    "ray": "flywheel.loop.ray_backend:RayBackend",
+}
+TRAJECTORIES = ("full", "lite", "none")
 
 
 @dataclass
 class LoopConfig:
     """One run of the loop; every field has a working default except `model`."""
 
-    model: str = ""  # the pools' engine: hf:PATH or smollm2-135m (architecture, tokenizer); weights come from the store
-    backend: str = "local"  # "local" (one process per pool) or "ray" (pools and trainer as Ray actors)
-    steps: int = 10  # trainer versions to reach (a resumed run counts from its checkpoint)
+    # -- the [loop] table of a run config
+    backend: str = "inline"  # "inline" (one process), "local" (pool processes) or "ray" (actors)
     pools: int = 2  # inference pools (each its own process / actor, engine and weight subscriber)
     pool_batch: int = 4  # work items a pool runs together (its run_episodes concurrency)
+    max_staleness: int = 1  # k: a record generated at version v is used at trainer version <= v + k
+    sync: bool = False  # synchronous schedule: round r is generated at exactly version r (forces k = 0)
+    store: str = ""  # weight store URL (file:// or s3://); default: OUT_DIR/weights
+    peer: str = ""  # checkpoint replica URL (file:// or s3://); default: OUT_DIR/peer ("none": no replica)
+    store_options: dict[str, Any] = field(default_factory=dict)  # endpoint_url, key, secret, region (s3)
+    anchor_every: int = 10  # a full anchor every N published versions
+    publish_attempts: int = 30  # store retries (exponential backoff up to 5 s) before publishing fails
+    catch_up_wait_s: float = 30.0  # longest a pool below an item's min_version waits for newer weights
+    lease_s: float = 600.0  # work not returned within this is reissued to another pool
+    max_restarts: int = 3  # restarts of one pool before the run fails
+    keep_checkpoints: int = 2  # local checkpoints kept
+    torch_threads: int = 1  # per pool process
+    grader: str | None = None  # "module:function" grading each episode; None: the shared verifier
+    ray_address: str | None = None  # ray.init address ("auto" to join a running cluster); None: local
+    ray_pool_options: dict[str, Any] = field(default_factory=dict)  # .options() of pool actors
+    ray_trainer_options: dict[str, Any] = field(default_factory=dict)  # .options() of the trainer actor
+    # -- run-level: filled from the run config by `flywheel train`
+    model: str = ""  # the pools' engine: hf:PATH or smollm2-135m (architecture, tokenizer); weights come from the store
+    steps: int = 10  # trainer versions to reach (a resumed run counts from its checkpoint)
     groups_per_step: int = 2  # (task, effort) groups in one round; a round feeds one trainer step
     samples: int = 2  # samples per group (the group the trainer's baseline compares within)
     efforts: list[str] = field(default_factory=lambda: ["medium"])  # cycled over the groups
@@ -29,37 +68,34 @@ class LoopConfig:
     observation_chars: int = 4000  # longest observation kept in an episode's conversation
     action_format: str = "auto"  # the harness's: "tagged", "native", or "auto"
     cohorts: int = 1  # groups of a pool batch's episodes that take turns generating (see run_episodes)
+    concurrency: int = 0  # episodes an inline batch steps together (0: the whole round)
     temperature: float = 1.0
     top_p: float = 1.0
-    max_staleness: int = 1  # k: a record generated at version v is used at trainer version <= v + k
-    sync: bool = False  # synchronous schedule: round r is generated at exactly version r (forces k = 0)
     deterministic: bool = False  # sync schedule, one item per pool batch: reruns give equal metrics
     seed: int = 0  # seeds of the work items (episode sampling seeds derive from the trajectory ids)
-    store: str = ""  # weight store URL (file:// or s3://); default: OUT_DIR/weights
-    peer: str = ""  # checkpoint replica URL (file:// or s3://); default: OUT_DIR/peer
-    store_options: dict[str, Any] = field(default_factory=dict)  # endpoint_url, key, secret, region (s3)
-    anchor_every: int = 10  # a full anchor every N published versions
-    publish_attempts: int = 30  # store retries (exponential backoff up to 5 s) before publishing fails
-    catch_up_wait_s: float = 30.0  # longest a pool below an item's min_version waits for newer weights
-    lease_s: float = 600.0  # work not returned within this is reissued to another pool
-    max_restarts: int = 3  # restarts of one pool before the run fails
-    keep_checkpoints: int = 2  # local checkpoints kept
     max_context: int | None = None  # engine context limit (None: the model's)
-    torch_threads: int = 1  # per pool process
-    grader: str | None = None  # "module:function" grading each episode; None: the shared verifier
-    ray_address: str | None = None  # ray.init address ("auto" to join a running cluster); None: local
-    ray_pool_options: dict[str, Any] = field(default_factory=dict)  # .options() of pool actors
-    ray_trainer_options: dict[str, Any] = field(default_factory=dict)  # .options() of the trainer actor
+    max_minutes: float = 0.0  # wall-time budget: no step starts that would end past it (0: none)
+    checkpoint_every: int = 1  # checkpoint every N versions (and the last); > 1 only without a weight store
+    trajectories: str = (
+        "full"  # RUN_DIR/trajectories.jsonl: "full", "lite" (no per-token replay data) or "none"
+    )
 
     def __post_init__(self) -> None:
         if self.deterministic:
-            self.sync, self.pool_batch = True, 1
-        if self.sync:
-            self.max_staleness = 0
+            self.sync = True
+            if self.backend != "inline":
+                self.pool_batch = 1
+        if self.sync or self.backend == "inline":
+            self.sync, self.max_staleness = True, 0
 
     @property
     def staleness(self) -> int:
         return self.max_staleness
+
+
+# the fields `flywheel train` fills from the rest of the run config
+_NAMES = [f.name for f in fields(LoopConfig)]
+RUN_FIELDS = tuple(_NAMES[_NAMES.index("model") :])
 
 
 def check_config(cfg: LoopConfig) -> None:
@@ -68,8 +104,9 @@ def check_config(cfg: LoopConfig) -> None:
         raise FlywheelError(f"unknown loop backend '{cfg.backend}' (choose from {', '.join(BACKENDS)})")
     if not cfg.model:
         raise FlywheelError("loop: `model` is required (hf:PATH or smollm2-135m: the pools' engine)")
+    if cfg.steps < 0:
+        raise FlywheelError(f"loop: `steps` must be >= 0, got {cfg.steps}")
     positive = (
-        "steps",
         "pools",
         "pool_batch",
         "groups_per_step",
@@ -78,6 +115,7 @@ def check_config(cfg: LoopConfig) -> None:
         "publish_attempts",
         "observation_chars",
         "cohorts",
+        "checkpoint_every",
     )
     for name in positive:
         if int(getattr(cfg, name)) < 1:
@@ -90,6 +128,13 @@ def check_config(cfg: LoopConfig) -> None:
         raise FlywheelError(
             f"loop: `action_format` must be 'tagged', 'native' or 'auto', got '{cfg.action_format}'"
         )
+    if cfg.trajectories not in TRAJECTORIES:
+        raise FlywheelError(f"loop: `trajectories` must be one of {', '.join(TRAJECTORIES)}")
+    if cfg.checkpoint_every > 1 and cfg.backend != "inline":
+        raise FlywheelError(
+            f"checkpoint_every = {cfg.checkpoint_every} needs the inline backend: pools follow the published "
+            "weights, so every version they serve must be checkpointed first"
+        )
     for name in cfg.efforts:
         effort_of(cfg, name)
     for name in cfg.budgets:
@@ -99,16 +144,20 @@ def check_config(cfg: LoopConfig) -> None:
 
 def effort_of(cfg: Any, name: str):
     """Effort `name` with `effort_overrides`, then its own `budgets` (cfg: a LoopConfig or PoolSpec)."""
-    from flywheel.harness import get_effort
-
     try:
         return get_effort(name, **{**cfg.effort_overrides, **cfg.budgets.get(name, {})})
     except TypeError as e:  # dataclasses.replace names the unknown field
         raise FlywheelError(f"loop: not an effort budget in `effort_overrides` or `budgets`: {e}") from None
 
 
+def backend_class(name: str) -> type:
+    """The backend class registered as `name`, imported now."""
+    module, _, attr = BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def config_from_dict(data: dict[str, Any]) -> LoopConfig:
-    """A `LoopConfig` from a TOML table; unknown keys are refused by name."""
+    """A `LoopConfig` from a plain table; unknown keys are refused by name."""
     known = {f.name for f in fields(LoopConfig)}
     unknown = sorted(set(data) - known)
     if unknown:

@@ -100,6 +100,7 @@ class Dispatcher:
     queue: deque[WorkItem] = field(default_factory=deque)
     leases: dict[str, Lease] = field(default_factory=dict)
     rounds: dict[int, list[str]] = field(default_factory=dict)  # round -> its item ids, in issue order
+    round_of: dict[str, int] = field(default_factory=dict)  # item id -> its round
     done: dict[str, dict[str, Any]] = field(default_factory=dict)
     consumed: set[str] = field(default_factory=set)
     duplicates: int = 0
@@ -108,6 +109,7 @@ class Dispatcher:
     def release(self, items: Sequence[WorkItem]) -> None:
         for it in items:
             self.rounds.setdefault(it.round, []).append(it.id)
+            self.round_of[it.id] = it.round
             self.queue.append(it)
 
     def take(self, pool: str, n: int, now: float | None = None) -> list[WorkItem]:
@@ -124,7 +126,7 @@ class Dispatcher:
     def complete(self, record: dict[str, Any]) -> bool:
         """Accept a record once; False (and counted) for a duplicate or an id never issued."""
         rid = record.get("id")
-        known = any(rid in ids for ids in self.rounds.values())
+        known = rid in self.round_of and self.round_of[rid] in self.rounds
         if not known or rid in self.done or rid in self.consumed:
             self.duplicates += 1
             return False

@@ -6,8 +6,9 @@ them), then per step `step(records)` and, after it has written the step's metric
 Split in two so the metrics line is on disk before the checkpoint that makes the step permanent: a
 trainer killed in between resumes before the step and its metrics line is dropped and rewritten.
 
-The local backend runs the host in a thread of the driver, the Ray backend in an actor; both call the
-same methods. Publishing retries a store that is down with exponential backoff (`publish_attempts`),
+The inline and local backends run the host in a thread of the driver, the Ray backend in an actor; all
+call the same methods. Without a store (the inline backend: its engine shares the trainer's parameters)
+nothing is published, and `commit` may skip the checkpoint of a version (`[train] checkpoint_every`). Publishing retries a store that is down with exponential backoff (`publish_attempts`),
 counting retries; the driver keeps dispatching meanwhile, so pools keep serving the last good weights.
 """
 
@@ -28,8 +29,8 @@ class TrainerHost:
         self,
         trainer: Any,
         *,
-        store: str,
-        peer: str,
+        store: str = "",
+        peer: str = "",
         checkpoints: Path,
         store_options: dict[str, Any] | None = None,
         anchor_every: int = 10,
@@ -44,10 +45,12 @@ class TrainerHost:
         self.retries = 0
         retry = Retry(attempts=publish_attempts, base_s=0.2, max_s=5.0)
         opts = dict(store_options or {})
-        self.store = open_store(store, retry=retry, on_retry=self._count_retry, **opts)
         peer_store = open_store(peer, retry=retry, on_retry=self._count_retry, **opts) if peer else None
         self.ckpt = Checkpointer(Path(checkpoints), peer_store, keep=keep)
-        self.publisher = Publisher(self.store, anchor_every=anchor_every)
+        self.publisher = None
+        if store:
+            weights = open_store(store, retry=retry, on_retry=self._count_retry, **opts)
+            self.publisher = Publisher(weights, anchor_every=anchor_every)
 
     def _count_retry(self, attempt: int, exc: BaseException) -> None:
         self.retries += 1
@@ -55,7 +58,9 @@ class TrainerHost:
     def start(self) -> dict[str, Any]:
         """Restore the newest complete checkpoint and make sure its weights are published."""
         state = self.ckpt.restore(self.trainer)
-        stats = self.publisher.start(self.trainer.serving_weights(), int(self.trainer.version))
+        stats = None
+        if self.publisher is not None:
+            stats = self.publisher.start(self.trainer.serving_weights(), int(self.trainer.version))
         return {
             "version": int(self.trainer.version),
             "state": state,
@@ -65,28 +70,30 @@ class TrainerHost:
         }
 
     def step(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """One trainer step: its metrics and each record's score (reward, advantage, ...), in order."""
         t0 = time.perf_counter()
-        metrics = self.trainer.step(records)
+        metrics, scores = self.trainer.step(records)
         return {
             "version": int(self.trainer.version),
             "metrics": dict(metrics),
+            "scores": list(scores),
             "step_s": time.perf_counter() - t0,
         }
 
-    def commit(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Checkpoint locally, replicate to the peer, then publish the new weights."""
+    def commit(self, state: dict[str, Any], checkpoint: bool = True) -> dict[str, Any]:
+        """Checkpoint locally (unless told not to), replicate to the peer, then publish the new weights."""
         t0 = time.perf_counter()
-        path = self.ckpt.save(self.trainer, state)
+        if checkpoint:
+            self.ckpt.replicate(self.ckpt.save(self.trainer, state))
         t1 = time.perf_counter()
-        self.ckpt.replicate(path)
-        t2 = time.perf_counter()
-        stats = self.publisher.publish(self.trainer.serving_weights(), int(self.trainer.version))
+        stats = None
+        if self.publisher is not None:
+            stats = asdict(self.publisher.publish(self.trainer.serving_weights(), int(self.trainer.version)))
         return {
             "version": int(self.trainer.version),
             "checkpoint_s": t1 - t0,
-            "replicate_s": t2 - t1,
-            "publish_s": time.perf_counter() - t2,
-            "publish": asdict(stats),
+            "publish_s": time.perf_counter() - t1,
+            "publish": stats,
             "store_retries": self.retries,
         }
 

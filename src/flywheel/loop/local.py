@@ -47,7 +47,7 @@ def context() -> Any:
 class LocalBackend:
     """Pools as local processes; the trainer host in a worker thread of the driver."""
 
-    def __init__(self, host_args: dict[str, Any], trainer: Any) -> None:
+    def __init__(self, host_args: dict[str, Any], trainer: Any, cfg: Any = None) -> None:
         self.ctx = context()
         self.pools: dict[str, Handle] = {}
         self.host = TrainerHost(trainer, **host_args)

@@ -31,7 +31,12 @@ from typing import Any
 import torch
 
 from flywheel.errors import FlywheelError
+from flywheel.harness import EpisodeSpec, HarnessConfig, run_episodes
+from flywheel.loop.config import effort_of
 from flywheel.loop.dispatch import WorkItem
+from flywheel.protocols import Grader, Model
+from flywheel.sandbox import get_sandbox
+from flywheel.verify import default_grader
 
 
 @dataclass
@@ -66,6 +71,36 @@ def load_grader(ref: str | None) -> Callable[..., Any] | None:
         raise FlywheelError(f"grader '{ref}' cannot be loaded: {exc}") from None
 
 
+def grader_for(spec: PoolSpec) -> Grader:
+    """The spec's `module:function` grader, else the shared verifier (an unchanged workspace is a failure
+    without a grading run)."""
+    return load_grader(spec.grader) or default_grader(get_sandbox(), skip_unchanged=True)
+
+
+def run_items(
+    engine: Model,
+    spec: PoolSpec,
+    items: Sequence[WorkItem],
+    version: int,
+    grader: Grader,
+    emit: Callable[[str, Any], None],
+    concurrency: int,
+) -> None:
+    """Run `items` on `engine` under the spec's harness settings; `emit` "started", then each record."""
+    emit("started", {"ids": [it.id for it in items], "version": version, "pid": os.getpid()})
+    specs = [EpisodeSpec(it.task, effort_of(spec, it.effort), seed=it.seed, index=it.index) for it in items]
+    cfg = HarnessConfig(
+        policy_version=version, temperature=spec.temperature, top_p=spec.top_p,
+        observation_chars=spec.observation_chars, action_format=spec.action_format, cohorts=spec.cohorts,
+    )  # fmt: skip
+
+    def on_record(record: dict[str, Any]) -> None:
+        record["pool"] = spec.pool_id
+        emit("record", record)
+
+    run_episodes(specs, engine, cfg=cfg, grader=grader, concurrency=concurrency, on_record=on_record)
+
+
 def bind(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's tensors by state-dict name, for in-place updates.
 
@@ -98,7 +133,7 @@ class Pool:
         self.engine = load_torch_model(spec.model, **opts)
         self.bound = bind(self.engine.model)
         self.sub = Subscriber(open_store(spec.store, **spec.store_options), dict(self.bound), None)
-        self.grader = load_grader(spec.grader)
+        self.grader = grader_for(spec)
         self.pauses: list[tuple[int, float]] = []  # (version, seconds the update paused serving)
         self.store_errors = 0
 
@@ -144,34 +179,13 @@ class Pool:
 
     def run(self, items: Sequence[WorkItem], emit: Callable[[str, Any], None]) -> dict[str, Any]:
         """Generate `items` as one batch; `emit("started", ...)`, then `emit("record", r)` per episode."""
-        from flywheel.harness import EpisodeSpec, HarnessConfig, run_episodes
-        from flywheel.loop.config import effort_of
-
         self.between_batches(min(it.min_version for it in items))
         if self.sub.version is None:
             raise FlywheelError(f"pool {self.spec.pool_id}: no weights published yet ({self.sub.last_error})")
         self.sub.prefetch()
         version = int(self.sub.version)
-        emit("started", {"ids": [it.id for it in items], "version": version, "pid": os.getpid()})
-        s = self.spec
-        specs = [EpisodeSpec(it.task, effort_of(s, it.effort), seed=it.seed, index=it.index) for it in items]
-        cfg = HarnessConfig(
-            policy_version=version,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            observation_chars=s.observation_chars,
-            action_format=s.action_format,
-            cohorts=s.cohorts,
-        )
-
-        def on_record(record: dict[str, Any]) -> None:
-            record["pool"] = self.spec.pool_id
-            emit("record", record)
-
         t0 = time.perf_counter()
-        run_episodes(
-            specs, self.engine, cfg=cfg, grader=self.grader, concurrency=len(specs), on_record=on_record
-        )
+        run_items(self.engine, self.spec, items, version, self.grader, emit, concurrency=len(items))
         return self.stats(version, time.perf_counter() - t0)
 
     def stats(self, version: int, gen_s: float) -> dict[str, Any]:

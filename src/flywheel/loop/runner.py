@@ -1,17 +1,25 @@
 """The driver: releases rounds of work, hands them to pools, collects records, feeds the trainer.
 
+One driver runs every backend (`inline`, `local`, `ray`; see `flywheel.loop.config`), so every run-level
+feature behaves the same under each: the run directory, resume, the time budget, checkpoints, the rounds'
+task choice (`Rounds`: re-curation and renaming live in the caller's rounds), exactly-once records.
+
 Schedule. Rounds are consumed in order, one trainer step each (a round whose records are all stale is
-skipped and counted). Asynchronous (default): the round the trainer waits for and up to k - 1 after it are
-released, each item asking for at least the newest published version (`min_version`), so pools generate
-the next batches while the trainer steps and publishes. Synchronous (`sync`, k = 0): round r is released
-only once version r is published, and every item waits for exactly that version; with `deterministic`
-(one item per pool batch, seeded sampling) a rerun, or a resumed run, gives equal trainer metrics.
+skipped and counted). Asynchronous (default for pool backends): the round the trainer waits for and up to
+k - 1 after it are released, each item asking for at least the newest published version (`min_version`),
+so pools generate the next batches while the trainer steps and publishes. Synchronous (`sync`, k = 0, and
+always inline): round r is released only once version r is published, and every item waits for exactly
+that version; with `deterministic` (seeded sampling; pools take one item per batch) a rerun, or a resumed
+run, gives equal trainer metrics.
 
 Per step, in order: the trainer steps on the round's fresh records; the driver appends the step's metrics
-line and the records it used (`metrics.jsonl`, `trajectories.jsonl`, each line naming the version the
-step produced); the host checkpoints, replicates to the peer and publishes. On start the host restores
-the newest complete checkpoint; lines of versions after it are dropped from the files and rewritten by the
-resumed run.
+line and the records it used with their scores (`metrics.jsonl`, `trajectories.jsonl`, each line naming
+the step); the host checkpoints, replicates to the peer and publishes; the step's seconds go to
+`timings.jsonl` (kept apart so that metrics can be byte-identical). On start the host restores the newest
+complete checkpoint; lines of steps after it are dropped from the files and rewritten by the resumed run.
+
+Time budget (`max_minutes`): a step starts only if one as long as the longest so far would end within the
+budget, counting the steps before a resume; the last step run is checkpointed.
 
 Faults. A lost pool (process or actor gone) has its leased items reissued to the other pools and is
 restarted; it loads the latest anchor plus the deltas after it before taking work again. Records are
@@ -19,10 +27,10 @@ accepted once per trajectory id (`Dispatcher`); answers to reissued work that ar
 and counted. A store that is down delays publishing (retried with backoff inside the host) while pools
 keep serving the weights they hold.
 
-Files under OUT_DIR: `metrics.jsonl` (one line per step: the trainer's metrics plus `loop_*` counters),
-`trajectories.jsonl` (records used, with `pool` and `loop_version`), `dropped.jsonl` (stale records: id,
-policy version, trainer version), `sync.jsonl` (publishes and pool updates with their pause), `summary.json`,
-`checkpoints/`, and by default the weight store `weights/` and the peer `peer/`.
+Files under OUT_DIR (`RunDir`): `metrics.jsonl`, `trajectories.jsonl` (records used, with `step`, `pool`
+and the trainer's score `rl`), `timings.jsonl`, `dropped.jsonl` (stale records), `sync.jsonl` (publishes
+and pool updates with their pause), `summary.json`, `checkpoints/`, and for pool backends by default the
+weight store `weights/` and the peer `peer/`.
 """
 
 from __future__ import annotations
@@ -32,38 +40,61 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from flywheel.errors import FlywheelError
-from flywheel.loop.config import LoopConfig, check_config
-from flywheel.loop.dispatch import Dispatcher, round_items, split_fresh
+from flywheel.loop.config import LoopConfig, backend_class, check_config
+from flywheel.loop.dispatch import Dispatcher, WorkItem, round_items, split_fresh
 from flywheel.loop.pool import PoolSpec
+from flywheel.protocols import LoopBackend
 from flywheel.tasks.format import Task
 
 EventHook = Callable[[dict[str, Any]], None]
 COUNTERS = ("stale_dropped", "duplicates_dropped", "reissued", "pool_restarts", "rounds_skipped")
+REPLAY_KEYS = ("kept", "prompt_ids", "logprobs")  # per-token data only the trainer reads
 
 
-class RunFiles:
-    """The run's JSONL files; lines of versions after a restored checkpoint are dropped on resume."""
+class Rounds(Protocol):
+    """What each round (one trainer step) generates."""
+
+    def items(self, round_no: int, min_version: int) -> list[WorkItem]:
+        """The work items of round `round_no` (0-based; it feeds step `round_no + 1`)."""
+        ...
+
+    def used(self, round_no: int, records: list[dict[str, Any]]) -> dict[str, float]:
+        """Called with the round's fresh records before the trainer sees them; returns extra metrics."""
+        ...
+
+
+class CycleRounds:
+    """Groups cycle through the tasks, efforts cycle per group (`dispatch.round_items`)."""
+
+    def __init__(self, cfg: LoopConfig, tasks: Sequence[Task]) -> None:
+        self.cfg, self.tasks = cfg, list(tasks)
+
+    def items(self, round_no: int, min_version: int) -> list[WorkItem]:
+        c = self.cfg
+        return round_items(round_no, self.tasks, c.efforts, c.groups_per_step, c.samples, c.seed, min_version)
+
+    def used(self, round_no: int, records: list[dict[str, Any]]) -> dict[str, float]:
+        return {}
+
+
+class RunDir:
+    """A run directory's JSONL files; lines of steps after a restored checkpoint are dropped on resume."""
+
+    FILES = ("metrics", "trajectories", "timings", "dropped", "sync")
 
     def __init__(self, out: Path) -> None:
-        self.out = out
-        self.metrics, self.trajectories = out / "metrics.jsonl", out / "trajectories.jsonl"
-        self.dropped, self.sync = out / "dropped.jsonl", out / "sync.jsonl"
+        self.out = Path(out)
+        self.metrics, self.trajectories, self.timings, self.dropped, self.sync = (
+            self.out / f"{name}.jsonl" for name in self.FILES
+        )
 
-    def truncate(self, version: int) -> None:
-        for path, key in (
-            (self.metrics, "version"),
-            (self.trajectories, "loop_version"),
-            (self.dropped, "version"),
-        ):
+    def truncate(self, step: int) -> None:
+        for path in (self.metrics, self.trajectories, self.timings, self.dropped):
             if path.exists():
-                keep = [
-                    ln
-                    for ln in path.read_text().splitlines()
-                    if ln.strip() and line_version(ln, key) <= version
-                ]
+                keep = [ln for ln in path.read_text().splitlines() if ln.strip() and line_step(ln) <= step]
                 path.write_text("".join(ln + "\n" for ln in keep))
 
     def append(self, path: Path, rows: Sequence[dict[str, Any]]) -> None:
@@ -71,12 +102,38 @@ class RunFiles:
             f.write("".join(json.dumps(r, default=str) + "\n" for r in rows))
             f.flush()
 
+    def read(self, path: Path) -> list[dict[str, Any]]:
+        """The rows of one file; a torn last line (an interrupted write) is skipped."""
+        if not path.exists():
+            return []
+        rows = []
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return rows
 
-def line_version(line: str, key: str) -> int:
+    def step_seconds(self) -> list[float]:
+        """The wall seconds of each step so far, for a time budget kept across resumes."""
+        return [float(t["wall_s"]) for t in self.read(self.timings)]
+
+
+def line_step(line: str) -> int:
     try:
-        return int(json.loads(line).get(key, 0))
+        return int(json.loads(line).get("step", 0))
     except (ValueError, TypeError):
         return 1 << 62  # a torn last line: dropped
+
+
+def lite(record: dict[str, Any]) -> dict[str, Any]:
+    """A record without the per-token replay data (kept sets, prompt ids, log-probs): for logs."""
+    turns = [{k: v for k, v in t.items() if k not in REPLAY_KEYS} for t in record["turns"]]
+    return {**record, "turns": turns}
+
+
+def rounded(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(float(v), 6) if isinstance(v, float) else v for k, v in sorted(metrics.items())}
 
 
 def pool_spec(cfg: LoopConfig, i: int, store: str) -> PoolSpec:
@@ -96,14 +153,14 @@ class Driver:
     def __init__(
         self,
         cfg: LoopConfig,
-        backend: Any,
-        tasks: Sequence[Task],
+        backend: LoopBackend,
+        rounds: Rounds,
         out: Path,
         store: str,
         on_event: EventHook | None,
     ) -> None:
-        self.cfg, self.backend, self.tasks, self.store = cfg, backend, list(tasks), store
-        self.files = RunFiles(out)
+        self.cfg, self.backend, self.rounds, self.store = cfg, backend, rounds, store
+        self.files = RunDir(out)
         self.on_event = on_event or (lambda e: None)
         self.dispatcher = Dispatcher()
         self.counters: Counter[str] = Counter()
@@ -113,7 +170,11 @@ class Driver:
         self.window: list[float] = []  # pauses since the last metrics line
         self.last_commit: dict[str, Any] = {}
         self.per_pool: Counter[str] = Counter()
-        self.t0 = time.monotonic()
+        self.durations: list[float] = []  # wall seconds of every step, those before a resume included
+        self.out_of_time = False
+        self.extra: dict[str, float] = {}  # the rounds' metrics for the step in flight
+        self.step_s = 0.0
+        self.t0 = self.step_start = time.monotonic()
 
     def emit(self, event: str, **fields: Any) -> None:
         self.on_event({"event": event, **fields})
@@ -122,17 +183,19 @@ class Driver:
 
     def run(self) -> dict[str, Any]:
         started = self.backend.result(self.backend.call("start"))
-        self.version = self.published = int(started["version"])
+        self.version = self.published = self.start_version = int(started["version"])
         state = started["state"] or {}
         self.next_round = self.released = int(state.get("round", 0))
         self.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
         self.files.truncate(self.version)
+        self.durations = self.files.step_seconds()
+        self.out_of_time = not self.fits(self.durations)
         self.emit("resumed", version=self.version, source=started["source"], skipped=started["skipped"])
         for i in range(self.cfg.pools):
             self.backend.start_pool(pool_spec(self.cfg, i, self.store))
         step_call = commit_call = None
         used: list[dict[str, Any]] = []
-        while self.version < self.cfg.steps or step_call is not None or commit_call is not None:
+        while self.wants_steps() or step_call is not None or commit_call is not None:
             self.release(busy=step_call is not None or commit_call is not None)
             self.assign()
             for kind, pool, payload in self.backend.poll(0.05):
@@ -144,17 +207,34 @@ class Driver:
             if step_call is not None and self.backend.done(step_call):
                 result = self.backend.result(step_call)
                 self.stepped(result, used)
-                commit_call, step_call = self.backend.call("commit", self.state()), None
-            if step_call is None and commit_call is None and self.version < self.cfg.steps:
+                commit_call, step_call = (
+                    self.backend.call("commit", self.state(), self.checkpoint_now()),
+                    None,
+                )
+            if step_call is None and commit_call is None and self.wants_steps():
                 used = self.take_round()
                 if used:
                     step_call = self.backend.call("step", used)
         return self.summary(started)
 
+    def wants_steps(self) -> bool:
+        return self.version < self.cfg.steps and not self.out_of_time
+
+    def fits(self, durations: list[float]) -> bool:
+        """True when one more step as long as the longest so far ends within the time budget."""
+        budget = 60 * self.cfg.max_minutes
+        return budget <= 0 or sum(durations) + max(durations, default=0.0) <= budget
+
+    def checkpoint_now(self) -> bool:
+        """Checkpoint this version: every `checkpoint_every`, the last, and the last the budget allows."""
+        so_far = [*self.durations, time.monotonic() - self.step_start]
+        last = self.version >= self.cfg.steps or not self.fits(so_far)
+        return last or self.version % self.cfg.checkpoint_every == 0
+
     def release(self, busy: bool) -> None:
         """Queue the rounds the schedule allows now."""
         remaining = self.cfg.steps - self.version
-        if remaining <= 0:
+        if remaining <= 0 or self.out_of_time:
             return
         if self.cfg.sync:
             allowed = self.next_round + 1 if not busy and self.published == self.version else self.next_round
@@ -162,11 +242,7 @@ class Driver:
             # round n + j is consumed at trainer version >= v + j and generated at >= the published v
             allowed = self.next_round + 1 + max(0, min(self.cfg.max_staleness - 1, remaining - 1))
         while self.released < allowed:
-            c = self.cfg
-            items = round_items(
-                self.released, self.tasks, c.efforts, c.groups_per_step, c.samples, c.seed, self.published
-            )
-            self.dispatcher.release(items)
+            self.dispatcher.release(self.rounds.items(self.released, self.published))
             self.released += 1
 
     def assign(self) -> None:
@@ -182,11 +258,12 @@ class Driver:
             return []
         records = self.dispatcher.pop_round(self.next_round)
         fresh, stale = split_fresh(records, self.version, self.cfg.max_staleness)
+        self.extra = self.rounds.used(self.next_round, fresh) if fresh else {}
         self.next_round += 1
         if stale:
             self.counters["stale_dropped"] += len(stale)
             rows = [{"id": r["id"], "policy_version": r["policy_version"], "trainer_version": self.version,
-                     "version": self.version + 1, "pool": r.get("pool")} for r in stale]  # fmt: skip
+                     "step": self.version + 1, "pool": r.get("pool")} for r in stale]  # fmt: skip
             self.files.append(self.files.dropped, rows)
         if not fresh:
             self.counters["rounds_skipped"] += 1
@@ -198,22 +275,36 @@ class Driver:
         before, self.version = self.version, int(result["version"])
         lags = [before - int(r.get("policy_version") or 0) for r in used]
         line = {
-            "step": self.version, "version": self.version, **result["metrics"],
+            "step": self.version, "version": self.version, **rounded({**result["metrics"], **self.extra}),
             "loop_records": len(used), "loop_round": self.next_round - 1, "loop_staleness_max": max(lags, default=0),
             **{f"loop_{k}": self.counters[k] for k in COUNTERS},
-            "loop_pause_s_max": max(self.window, default=0.0), "loop_step_s": result.get("step_s", 0.0),
-            "loop_publish_s": self.last_commit.get("publish_s", 0.0),
             "loop_store_retries": self.last_commit.get("store_retries", 0),
-            "loop_wall_s": time.monotonic() - self.t0,
         }  # fmt: skip
-        self.window = []
         self.files.append(self.files.metrics, [line])
-        self.files.append(self.files.trajectories, [{**r, "loop_version": self.version} for r in used])
+        if self.cfg.trajectories != "none":
+            keep = lite if self.cfg.trajectories == "lite" else (lambda r: r)
+            rows = [
+                {**keep(r), "step": self.version, "rl": s}
+                for r, s in zip(used, result["scores"], strict=True)
+            ]
+            self.files.append(self.files.trajectories, rows)
+        self.step_s = float(result.get("step_s", 0.0))
         self.emit("step", version=self.version, metrics=line)
 
     def committed(self, result: dict[str, Any]) -> None:
         self.published, self.last_commit = int(result["version"]), result
-        self.files.append(self.files.sync, [{"kind": "publish", **result}])
+        if result.get("publish") is not None:
+            self.files.append(self.files.sync, [{"kind": "publish", **result}])
+        now = time.monotonic()
+        self.durations.append(now - self.step_start)
+        timing = {
+            "step": self.version, "wall_s": round(now - self.step_start, 3), "update_s": round(self.step_s, 3),
+            "checkpoint_s": round(result["checkpoint_s"], 3), "publish_s": round(result["publish_s"], 3),
+            "pause_s_max": round(max(self.window, default=0.0), 4), "run_s": round(now - self.t0, 3),
+        }  # fmt: skip
+        self.files.append(self.files.timings, [timing])
+        self.window, self.step_start = [], now
+        self.out_of_time = not self.fits(self.durations)
         self.emit("published", version=self.published, result=result)
 
     def state(self) -> dict[str, Any]:
@@ -223,10 +314,7 @@ class Driver:
 
     def handle(self, kind: str, pool: str, payload: Any) -> None:
         if kind == "record":
-            if self.dispatcher.complete(payload):
-                self.per_pool[pool] += 1
-            else:
-                self.counters["duplicates_dropped"] += 1
+            self.accept(pool, payload)
         elif kind == "started":
             self.emit("started", pool=pool, **payload)
         elif kind in ("ready", "batch"):
@@ -235,6 +323,16 @@ class Driver:
             self.lost(pool, str(payload))
         elif kind == "error":
             raise FlywheelError(f"{pool} failed: {str(payload).splitlines()[0]}")
+
+    def accept(self, pool: str, record: dict[str, Any]) -> None:
+        if not self.dispatcher.complete(record):
+            self.counters["duplicates_dropped"] += 1
+            return
+        self.per_pool[pool] += 1
+        n = self.dispatcher.round_of[record["id"]]
+        ids = self.dispatcher.rounds.get(n, [])
+        done = sum(i in self.dispatcher.done for i in ids)
+        self.emit("record", pool=pool, id=record["id"], round=n, done=done, total=len(ids))
 
     def pool_stats(self, kind: str, pool: str, stats: dict[str, Any]) -> None:
         if kind == "ready":
@@ -270,6 +368,7 @@ class Driver:
             "version": self.version,
             "resumed_from": started["source"] or None,
             "start_version": int(started["version"]),
+            "out_of_time": self.out_of_time and self.version < self.cfg.steps,
             **{k: self.counters[k] for k in COUNTERS},
             "records_per_pool": dict(self.per_pool),
             "pause_s": {
@@ -289,13 +388,16 @@ def run(
     tasks: Sequence[Task],
     out_dir: str | Path,
     *,
+    rounds: Rounds | None = None,
     on_event: EventHook | None = None,
 ) -> dict[str, Any]:
-    """Run the flywheel until the trainer reaches `cfg.steps`; returns the summary (also summary.json).
+    """Run the flywheel until the trainer reaches `cfg.steps` (or the time budget); returns the summary
+    (also summary.json).
 
     `trainer` is a `LoopTrainer` or a zero-argument factory of one (the Ray backend builds it inside the
-    trainer actor). A run directory that holds checkpoints resumes from the newest complete one.
-    `on_event` sees the driver's events (`resumed`, `pool_ready`, `started`, `step`, `published`, `lost`).
+    trainer actor). `rounds` chooses each round's work (default: `CycleRounds` over `tasks`). A run
+    directory that holds checkpoints resumes from the newest complete one. `on_event` sees the driver's
+    events (`resumed`, `pool_ready`, `started`, `record`, `step`, `published`, `lost`).
     """
     check_config(cfg)
     tasks = list(tasks)
@@ -303,20 +405,16 @@ def run(
         raise FlywheelError("loop: no tasks to run")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    store, peer = cfg.store or str(out / "weights"), cfg.peer or str(out / "peer")
+    inline = cfg.backend == "inline"
+    store = "" if inline else cfg.store or str(out / "weights")
+    peer = cfg.peer or ("" if inline else str(out / "peer"))
     host_args = {
-        "store": store, "peer": peer, "checkpoints": out / "checkpoints", "store_options": dict(cfg.store_options),
-        "anchor_every": cfg.anchor_every, "keep": cfg.keep_checkpoints, "publish_attempts": cfg.publish_attempts,
+        "store": store, "peer": "" if peer == "none" else peer, "checkpoints": out / "checkpoints",
+        "store_options": dict(cfg.store_options), "anchor_every": cfg.anchor_every, "keep": cfg.keep_checkpoints,
+        "publish_attempts": cfg.publish_attempts,
     }  # fmt: skip
-    if cfg.backend == "ray":
-        from flywheel.loop.ray_backend import RayBackend
-
-        backend: Any = RayBackend(host_args, trainer, cfg)
-    else:
-        from flywheel.loop.local import LocalBackend
-
-        backend = LocalBackend(host_args, trainer)
+    backend = backend_class(cfg.backend)(host_args, trainer, cfg)
     try:
-        return Driver(cfg, backend, tasks, out, store, on_event).run()
+        return Driver(cfg, backend, rounds or CycleRounds(cfg, tasks), out, store, on_event).run()
     finally:
         backend.close()

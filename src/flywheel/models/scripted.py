@@ -38,7 +38,7 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-from flywheel.harness.actions import Action, render_tagged
+from flywheel.models.actions import Action, render_tagged
 from flywheel.protocols import Completion, Request
 from flywheel.seeding import stable_seed
 from flywheel.tasks.format import load_task

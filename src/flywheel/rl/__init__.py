@@ -5,9 +5,11 @@
   truncated-importance-sampling policy loss;
 - `optim`: Muon for hidden matrices + AdamW for embeddings, head, norms and biases, as one optimizer;
 - `calibrate`: each effort level's λ from the base model's cost/success frontier (matplotlib is imported
-  only when plotting).
+  only when plotting), and `run_calibration` (`flywheel calibrate`), which measures the base first;
+- `rollout`: the cost the reward sees (`reward_cost`).
 
-Everything is a pure function of numbers or tensors; the training loop is built on top.
+These are pure functions of numbers or tensors, but for `run_calibration`; the training loop (`train`,
+`trainer`) is built on top. Running episodes is `flywheel.eval.run`; the imitation base is `flywheel.sft`.
 """
 
 from flywheel.rl.calibrate import Calibration, calibrate, frontier, local_slope, plot_calibration

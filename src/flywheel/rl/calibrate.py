@@ -22,16 +22,31 @@ up. Slopes, by where the operating point lies (`Calibration.position`):
 
 A frontier of a single point (one measurement, or all at the same cost, or success falling with cost
 from the cheapest point on) has no slope: every λ is 0. λ is clamped at 0 (it is by construction).
+
+`run_calibration(cfg, out)` is `flywheel calibrate`: it measures the run's base policy at the ladder of
+budgets (`flywheel.eval.measure.measure_ladder`, priced with the reward's cost), calibrates, and writes
+`calibration.json` and `calibration.png`. `measuring(cfg)` is how a run config measures a policy: its
+effort levels with their budgets, its harness settings, its concurrency and the reward's cost.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from flywheel.eval.measure import LADDER, measure_ladder
+from flywheel.eval.run import efforts_for
+from flywheel.progress import progress
+from flywheel.rl.config import RunConfig
+from flywheel.rl.rollout import reward_cost
+from flywheel.rl.train import harness_config, load_engine, load_tasks, setup_torch
+from flywheel.seeding import stable_seed
 
 Point = tuple[float, float]  # (mean cost per rollout, success rate)
 _EPS = 1e-9
@@ -168,3 +183,61 @@ def plot_calibration(result: Calibration, path: str | os.PathLike[str]) -> Path:
     fig.savefig(tmp, format="png")
     os.replace(tmp, out)
     return out
+
+
+# ------------------------------------------------------------------------------------ measuring a run
+
+
+def measuring(cfg: RunConfig) -> dict[str, Any]:
+    """The run's way of measuring a policy, as `flywheel.eval.measure` takes it: `efforts` (the run's levels
+    with their budgets), `cfg` (its harness settings), `concurrency` and `cost` (the reward's)."""
+    r = cfg.rollout
+    return {
+        "efforts": efforts_for(r.efforts, r.max_turns, r.max_tokens, cfg.deterministic),
+        "cfg": harness_config(cfg, 0),
+        "concurrency": r.concurrency,
+        "cost": partial(reward_cost, deterministic=cfg.deterministic),
+    }
+
+
+def run_calibration(
+    cfg: RunConfig,
+    out: Path,
+    *,
+    factors: Sequence[float] = LADDER,
+    samples: int = 2,
+    limit: int = 16,
+    split: str = "train",
+) -> dict[str, Any]:
+    """Measure the base policy's ladders, calibrate λ per effort, write calibration.json/.png into `out`."""
+    setup_torch(cfg)
+    tasks = load_tasks(cfg, split=split, limit=limit)
+    engine = load_engine(cfg)
+    seed = stable_seed(cfg.seed, "calibrate") % 2**31
+    total = len(tasks) * samples * len(factors) * len(cfg.rollout.efforts)
+    with progress("calibrate", total) as advance:
+        ladders = measure_ladder(
+            engine,
+            tasks,
+            **measuring(cfg),
+            seed=seed,
+            factors=factors,
+            samples=samples,
+            on_record=lambda r: advance(),
+        )
+    points = {e: [(c, s) for _, c, s in rungs] for e, rungs in ladders.items()}
+    operating = {e: next((c, s) for f, c, s in rungs if f == 1.0) for e, rungs in ladders.items()}
+    result = calibrate(points, operating)
+    data = {
+        **result.to_json(),
+        "factors": list(factors),
+        "samples": samples,
+        "tasks": len(tasks),
+        "model": cfg.model.path,
+        "ladders": {e: [list(r) for r in rungs] for e, rungs in ladders.items()},
+    }
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "calibration.json").write_text(json.dumps(data, indent=1) + "\n")
+    plot_calibration(result, out / "calibration.png")
+    return data

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.errors import FlywheelError
+from flywheel.loop.config import LoopConfig
 
 # ------------------------------------------------------------------------------------------- sections
 
@@ -39,7 +40,7 @@ class TasksConfig:
     p_max: float = 0.75  # curation's upper pass rate; unmeasured tasks stay eligible
     recurate_window: int = 8  # pass rates count attempts of the last N policy versions
     rename: float = (
-        0.0  # share of each step's tasks replaced by a copy with made-up names (flywheel.rl.rename)
+        0.0  # share of each step's tasks replaced by a copy with made-up names (flywheel.sft.rename)
     )
 
 
@@ -117,7 +118,7 @@ class RunConfig:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    loop: dict[str, Any] = field(default_factory=dict)  # backend = "local" | "ray": flywheel.loop.LoopConfig
+    loop: LoopConfig = field(default_factory=LoopConfig)  # backend "inline" (default), "local" or "ray"
 
 
 # -------------------------------------------------------------------------------------------- loading

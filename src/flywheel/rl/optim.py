@@ -111,30 +111,6 @@ class CompositeOptimizer:
             opt.load_state_dict(state[name])
 
 
-def train_top_layers(model: nn.Module, k: int) -> int:
-    """Freeze all but the top `k` decoder layers and the final norm (embeddings and head included);
-    ``k = 0`` makes every parameter trainable. Returns the number of trainable parameters.
-
-    On a CPU, fine-tuning a pretrained model of 100M+ parameters end to end is slow mostly because of the
-    backward pass; with the lower layers frozen, autograd stops at the first trainable layer.
-    """
-    if k < 0:
-        raise ValueError(f"train_layers = {k}: must be 0 (all) or a number of top layers")
-    keep = None
-    if k:
-        body = getattr(model, "base_model", model)
-        layers = getattr(body, "layers", None)
-        if layers is None or k > len(layers):
-            have = "no decoder layers" if layers is None else f"{len(layers)} decoder layers"
-            raise ValueError(f"train_layers = {k}: the model has {have}")
-        keep = {id(p) for layer in list(layers)[-k:] for p in layer.parameters()}
-        norm = getattr(body, "norm", None)
-        keep |= {id(p) for p in norm.parameters()} if isinstance(norm, nn.Module) else set()
-    for p in model.parameters():
-        p.requires_grad_(keep is None or id(p) in keep)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
 def build_optimizer(
     model: nn.Module,
     kind: Kind = "muon",

@@ -32,12 +32,14 @@ import shutil
 import statistics
 import tempfile
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from flywheel.errors import FlywheelError
+from flywheel.models.hf import train_top_layers
 from flywheel.rl.config import RunConfig
 from flywheel.rl.objective import (
     advantages_flat,
@@ -49,11 +51,23 @@ from flywheel.rl.objective import (
     replay_log_probs,
     reward,
 )
-from flywheel.rl.optim import build_optimizer, train_top_layers
+from flywheel.rl.optim import build_optimizer
 from flywheel.rl.pack import PrefixPack, pack_groups
 from flywheel.rl.rollout import reward_cost
 
 TURN_TOKENS = 256  # default per-rollout share of the token budget
+
+
+@contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads set to `n` inside the block (0: left as they are)."""
+    before = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def turns_of(record: dict[str, Any]) -> list[dict[str, Any]]:
@@ -119,8 +133,9 @@ def score(
 class Trainer:
     """Policy-gradient updates of an HF causal LM from trajectory records; see the module docstring."""
 
-    def __init__(self, model, tokenizer, cfg: RunConfig, lambdas: dict[str, float]):
+    def __init__(self, model, tokenizer, cfg: RunConfig, lambdas: dict[str, float], engine: Any = None):
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
+        self.engine = engine  # a Model generating from `model`'s parameters (the inline loop backend's)
         self.lambdas = dict(lambdas)
         o = cfg.optim
         try:
@@ -148,13 +163,16 @@ class Trainer:
             r.length_scope,
         )
 
-    def step(
-        self, records: Sequence[dict[str, Any]], scores: Sequence[dict[str, float]] | None = None
-    ) -> dict[str, float]:
-        """One RL step from graded records (and their `scores`, when the caller already has them);
-        increments `version`; returns the step's metrics."""
+    def step(self, records: Sequence[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """One RL step from graded records (step `version + 1`, which sets the length-penalty phase), on
+        `[train] update_threads` threads; increments `version`; returns the step's metrics and each
+        record's score (`score`)."""
+        with torch_threads(self.cfg.train.update_threads):
+            scores = self.scores(records, self.version + 1)
+            return self._update(records, scores), scores
+
+    def _update(self, records: Sequence[dict[str, Any]], scores: list[dict[str, float]]) -> dict[str, float]:
         cfg = self.cfg
-        scores = scores if scores is not None else self.scores(records, self.version + 1)
         work = [
             (t, s["advantage"])
             for r, s in zip(records, scores, strict=True)

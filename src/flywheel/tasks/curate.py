@@ -12,10 +12,12 @@ Two layers, as elsewhere in the project:
   `pass_rates` to count only recent attempts, and a task the policy never solved — excluded, so no
   longer attempted — becomes "never attempted" in that window once its old records age out, and waits
   only that long. Tasks the policy now always solves drop out at the next re-curation.
-- `curate(tasks, model, k=8, out=DIR)`: k attempts per task through the real harness and grader
-  (`run_episodes`), then `select`; writes `trajectories.jsonl`, the kept task directories under
-  `DIR/tasks/` (a suite directory), and `report.json` with every task's rate and the pass-rate histogram
-  before and after curation (and `pass_rates.png`).
+- `write_curated(out, tasks, records, settings)`: `select` over the records' pass rates, then the kept task
+  directories under `out/tasks/` (a suite directory), and `report.json` with every task's rate and the
+  pass-rate histogram before and after curation (and `pass_rates.png`).
+
+The attempts themselves (k per task through the real harness and grader) are run by a policy, which is
+evaluation's job: `flywheel.eval.curate.curate`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.errors import FlywheelError
+from flywheel.tasks.format import Task
 
 Rates = dict[str, tuple[int, int]]  # task id -> (successes, attempts)
 
@@ -136,49 +139,20 @@ def plot(rep: Mapping[str, Any], path: Path) -> Path:
     return path
 
 
-def curate(
-    tasks: Sequence[Any],
-    model: Any,
-    out: Path,
-    *,
-    k: int = 8,
-    p_max: float = 0.75,
-    effort: str = "medium",
-    seed: int = 0,
-    concurrency: int = 8,
-    cfg: Any = None,
-    on_record: Any = None,
+def write_curated(
+    out: Path, tasks: Sequence[Task], records: Iterable[Mapping[str, Any]], settings: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Attempt every task k times with `model`, keep 0 < p ≤ p_max; writes trajectories, tasks and report."""
-    from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort, run_episodes
-
-    out = Path(out)
-    if (out / "report.json").exists():
-        raise FlywheelError(f"{out / 'report.json'} exists: choose another --out")
-    select({}, p_max)  # a bad p_max fails before any attempt
-    level = get_effort(effort)
-    out.mkdir(parents=True, exist_ok=True)
-    specs = [EpisodeSpec(task, level, seed=seed, index=i) for task in tasks for i in range(k)]
-    records: list[dict[str, Any]] = []
-    with (out / "trajectories.jsonl").open("w") as f:
-
-        def write(record: dict[str, Any]) -> None:
-            records.append(record)
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            if on_record:
-                on_record(record)
-
-        run_episodes(specs, model, cfg=cfg or HarnessConfig(), concurrency=concurrency, on_record=write)
+    """Keep the tasks with 0 < p ≤ `settings["p_max"]` over `records`: their directories in `out/tasks/`
+    (a suite), `out/report.json` (`report`, opening with `settings`) and `out/pass_rates.png`."""
     rates = {t.id: (0, 0) for t in tasks} | pass_rates(records)
-    kept = select(rates, p_max, task_ids=[t.id for t in tasks])
+    kept = select(rates, settings["p_max"], task_ids=[t.id for t in tasks])
     by_id = {t.id: t for t in tasks}
-    (out / "tasks").mkdir(exist_ok=True)
+    (out / "tasks").mkdir(parents=True, exist_ok=True)
     for tid in kept:
         dest = out / "tasks" / tid
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(by_id[tid].root, dest)
-    rep = report(rates, kept, model=model.name, effort=effort, k=k, p_max=p_max, seed=seed)
+    rep = report(rates, kept, **settings)
     (out / "report.json").write_text(json.dumps(rep, indent=1) + "\n")
     plot(rep, out / "pass_rates.png")
     return rep

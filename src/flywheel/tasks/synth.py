@@ -1,16 +1,17 @@
 """Bug synthesis in a real project: tasks from an unpacked sdist or a checkout with its pytest suite.
 
-`synthesize(src, out)` works as SWE-smith does, on one project:
+`synthesize(src, out, run_suite=...)` works as SWE-smith does, on one project:
 
-1. **Baseline.** The project's whole suite runs twice in the sandbox, with the grader's pytest
-   configuration and a small driver that records each test's outcome and failure message. A test counts
-   as passing only when it passed both times, so a flaky test never becomes a fail_to_pass test.
+1. **Baseline.** The project's whole suite runs twice through the checker `synthesize` is given (the
+   sandboxed pytest run of `flywheel.verify.synth_check`, with the grader's pytest configuration and a
+   small driver that records each test's outcome and failure message). A test counts as passing only
+   when it passed both times, so a flaky test never becomes a fail_to_pass test.
 2. **Candidates.** The AST mutation operators of `flywheel.tasks.mutate` (all eight kinds) propose
    single-site bugs in every function and method of the project's non-test modules. Candidates are
    ordered round-robin over functions (each function's mutants shuffled by the seed), so the first N
    evaluations spread over N different functions instead of exhausting the first file.
 3. **Evaluation.** Each candidate gets a fresh copy of the project with the mutated module and the suite
-   run in the sandbox with a time limit. It is kept only when at least one baseline-passing test fails
+   run by the checker with a time limit. It is kept only when at least one baseline-passing test fails
    (fail_to_pass) and at least one baseline-passing test still passes. Candidates that time out, break
    collection of a test file (an import-time error) or crash the run are dropped and counted by reason;
    so are mutants no test notices (`no_failure`) and mutants that fail every test (`all_failed`).
@@ -43,7 +44,6 @@ from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
 from flywheel.errors import FlywheelError
-from flywheel.protocols import Limits, Sandbox
 from flywheel.seeding import stable_seed
 from flywheel.tasks.format import task_toml, write_task
 from flywheel.tasks.mutate import KINDS, Mutant, mutants
@@ -143,6 +143,11 @@ class SuiteRun:
     messages: dict[str, str] = field(default_factory=dict)  # node id -> the exception message of a failure
 
 
+# (workspace, test paths (empty: the whole suite), seconds allowed) -> the run's outcomes; the sandboxed
+# one is `flywheel.verify.synth_check.suite_runner(sandbox)`
+SuiteRunner = Callable[[Path, Sequence[str], float], SuiteRun]
+
+
 def classify(
     passing: set[str], run: SuiteRun, baseline_collect_errors: Iterable[str] = ()
 ) -> tuple[str, list[str], list[str]]:
@@ -216,98 +221,6 @@ def safe_id(name: str) -> str:
     return cleaned if cleaned[0].isalnum() else "p" + cleaned
 
 
-# ------------------------------------------------------------------------------------ running the suite
-
-
-# A small pytest driver for candidate runs: per-test outcomes and each failure's exception message, as
-# JSON. It is not the grader's signed runner (`flywheel.verify.runner`), whose tamper checks cost about
-# five times the suite's own time; here the code under test is our own mutant, not an adversary's, and
-# every kept task is graded by the real grader in `flywheel tasks validate`.
-_DRIVER = """
-import json, os, sys
-sys.path.insert(0, os.getcwd())
-import pytest
-
-outcomes, messages = {}, {}
-
-
-class Recorder:
-    def pytest_runtest_logreport(self, report):
-        if report.when == "call":
-            outcome = ("xpassed" if report.passed else "xfailed") if hasattr(report, "wasxfail") else report.outcome
-            if outcomes.get(report.nodeid) in (None, "passed"):
-                outcomes[report.nodeid] = outcome
-        elif report.failed:
-            outcomes[report.nodeid] = "error"
-        elif report.skipped and report.when == "setup":
-            outcomes[report.nodeid] = "skipped"
-        crash = getattr(report.longrepr, "reprcrash", None)
-        if report.failed and crash is not None and report.nodeid not in messages:
-            messages[report.nodeid] = str(crash.message)[:2000]
-
-    def pytest_collectreport(self, report):
-        if report.failed:
-            outcomes["<collect>" + report.nodeid] = "error"
-
-
-code = int(pytest.main(sys.argv[1:], plugins=[Recorder()]))
-with open(os.path.join(os.environ["SYNTH_REPORT_DIR"], "report.json"), "w") as f:
-    json.dump({"outcomes": outcomes, "messages": messages, "exitstatus": code}, f)
-sys.exit(code)
-"""
-
-
-def run_suite(workspace: Path, paths: Sequence[str], *, sandbox: Sandbox, timeout_s: float) -> SuiteRun:
-    """Run pytest on `paths` (empty: the whole project) in the sandbox; outcomes and failure messages."""
-    from flywheel.verify.grader import PYTEST_INI, _python
-
-    with tempfile.TemporaryDirectory(prefix="flywheel-synth-run-") as tmp:
-        driver_dir, report_dir = Path(tmp) / "driver", Path(tmp) / "report"
-        driver_dir.mkdir()
-        report_dir.mkdir()
-        (driver_dir / "driver.py").write_text(_DRIVER)
-        (driver_dir / "pytest.ini").write_text(PYTEST_INI)
-        argv = [
-            _python(),
-            "-I",
-            "/synth/driver.py",
-            "-c",
-            "/synth/pytest.ini",
-            "--rootdir",
-            "/workspace",
-            "--tb=no",
-            "--continue-on-collection-errors",
-            *paths,
-        ]
-        result = sandbox.run(
-            workspace,
-            argv,
-            limits=Limits(timeout_s=timeout_s),
-            env={"SYNTH_REPORT_DIR": "/report"},
-            extra_ro={driver_dir: Path("/synth")},
-            extra_rw={report_dir: Path("/report")},
-        )
-        data, error = _read_driver_report(report_dir / "report.json", result.exit_code)
-    outcomes = data.get("outcomes", {})
-    collect = sorted(k.removeprefix("<collect>") for k in outcomes if k.startswith("<collect>"))
-    tests = {k: v for k, v in outcomes.items() if not k.startswith("<collect>")}
-    return SuiteRun(
-        tests, collect, result.timed_out, error, result.output, result.wall_s, dict(data.get("messages", {}))
-    )
-
-
-def _read_driver_report(path: Path, exit_code: int) -> tuple[dict, str | None]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}, f"no test report (exit code {exit_code})"
-    if data.get("exitstatus") != exit_code:
-        return data, f"exit code {exit_code} disagrees with the report's {data.get('exitstatus')}"
-    if exit_code in (2, 3, 4):  # interrupted, internal error, usage error
-        return data, f"pytest exited {exit_code}"
-    return data, None
-
-
 def _write_tree(dest: Path, files: Mapping[str, str]) -> None:
     for rel, text in files.items():
         p = dest / rel
@@ -348,26 +261,25 @@ def synthesize(
     src: Path,
     out: Path,
     *,
+    run_suite: SuiteRunner,
     max_tasks: int = 50,
     seed: int = 0,
     timeout_s: float | None = None,
     name: str | None = None,
     jobs: int = 2,
-    sandbox: Sandbox | None = None,
     on_candidate: Callable[[str, int], None] | None = None,
 ) -> SynthReport:
     """Plant bugs in the project at `src` and write up to `max_tasks` task directories into `out`.
 
-    `timeout_s` bounds each candidate's test run (default: 3 × the baseline's time + 5 s).
+    `run_suite` is the checker that runs (part of) the suite on a copy of the project
+    (`flywheel.verify.synth_check.suite_runner(sandbox)`); `timeout_s` bounds each candidate's test run
+    (default: 3 × the baseline's time + 5 s).
     `on_candidate(verdict, kept_so_far)` is called after each evaluated candidate (progress bars).
     """
-    from flywheel.sandbox import get_sandbox
-
     start = time.perf_counter()
     src = Path(src)
     if not src.is_dir():
         raise FlywheelError(f"{src}: not a directory")
-    sandbox = sandbox or get_sandbox()
     project = safe_id(name or src.resolve().name)
     files = project_files(src)
     modules = source_files(files)
@@ -376,7 +288,7 @@ def synthesize(
     with tempfile.TemporaryDirectory(prefix="flywheel-synth-") as tmp:
         pristine = Path(tmp) / "pristine"
         _write_tree(pristine, files)
-        total, passing, collect_errors, baseline = _baseline(pristine, sandbox, src)
+        total, passing, collect_errors, baseline = _baseline(pristine, run_suite, src)
         limit = timeout_s or 3 * baseline + 5
         test_paths = sorted({t.split("::", 1)[0] for t in passing})
         found = {path: _mutants_of(files[path]) for path in modules}
@@ -394,7 +306,7 @@ def synthesize(
             shutil.copytree(pristine, ws, ignore=shutil.ignore_patterns("__pycache__"))
             (ws / path).write_text(mutant.source)
             try:
-                return run_suite(ws, test_paths, sandbox=sandbox, timeout_s=limit)
+                return run_suite(ws, test_paths, limit)
             finally:
                 shutil.rmtree(ws, ignore_errors=True)
 
@@ -438,10 +350,10 @@ def _mutants_of(source: str) -> list[Mutant]:
         return []
 
 
-def _baseline(pristine: Path, sandbox: Sandbox, src: Path) -> tuple[int, set[str], list[str], float]:
+def _baseline(pristine: Path, run_suite: SuiteRunner, src: Path) -> tuple[int, set[str], list[str], float]:
     """Tests seen, those that passed in both of two whole-suite runs, files that failed to collect, and the
     slower run's time."""
-    runs = [run_suite(pristine, [], sandbox=sandbox, timeout_s=600) for _ in range(2)]
+    runs = [run_suite(pristine, [], 600) for _ in range(2)]
     for run in runs:
         if run.timed_out or run.error is not None:
             tail = run.output.strip().splitlines()[-1:] or [""]

@@ -12,10 +12,21 @@
 4. reads each test's outcome from the runner's signed report, never from stdout, and decides: success
    only when every fail_to_pass and every pass_to_pass test passed. Skipped, xfailed, errored, missing or
    not-collected tests count as failed, and so does a run whose exit code disagrees with the report.
+
+`default_grader(sandbox)` is that verifier as the harness calls it, once per finished episode: `grade` on
+the sandbox, with the exploit detector reading the episode's actions. With `skip_unchanged=True` (what
+training's rollouts use, for throughput and exactly) a workspace that is byte-identical to the task's
+repository is not graded: the verifier's QA already established that the unmodified repository fails, so
+the verdict is a failure ("workspace unchanged") without spending a sandboxed pytest run. Anything that
+changed a file, through any tool, is graded.
+
+`sandbox_python()` and `PYTEST_INI` are how every pytest run in the sandbox is started (the grader's
+signed runner here, synthesis's candidate runs in `synth_check`).
 """
 
 from __future__ import annotations
 
+import filecmp
 import hashlib
 import hmac
 import json
@@ -28,8 +39,9 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from flywheel.protocols import Limits, Sandbox, Verdict
+from flywheel.protocols import Grader, Limits, Sandbox, Verdict
 from flywheel.tasks.format import Task
+from flywheel.verify.exploits import detect
 
 RUNNER = Path(__file__).with_name("runner.py")
 IGNORED = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", "*.pyc")
@@ -127,7 +139,15 @@ def grade(
         (grader_dir / "pytest.ini").write_text(PYTEST_INI)
         key = secrets.token_hex(32).encode()
         (report_dir / "key").write_bytes(key)
-        argv = [_python(), "-I", "/grader/runner.py", "-c", "/grader/pytest.ini", "--rootdir", "/workspace"]
+        argv = [
+            sandbox_python(),
+            "-I",
+            "/grader/runner.py",
+            "-c",
+            "/grader/pytest.ini",
+            "--rootdir",
+            "/workspace",
+        ]
         result = sandbox.run(
             ws,
             argv + test_files(task),
@@ -157,6 +177,32 @@ def grade(
     )
 
 
-def _python() -> str:
+def sandbox_python() -> str:
     """The interpreter the sandbox runs tests with: this one (its runtime is mounted read-only)."""
     return os.environ.get("FLYWHEEL_PYTHON", sys.executable)
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    """True when directories `a` and `b` hold the same files with the same bytes."""
+    cmp = filecmp.dircmp(a, b)
+    if cmp.left_only or cmp.right_only or cmp.funny_files:
+        return False
+    _, mismatch, errors = filecmp.cmpfiles(a, b, cmp.common_files, shallow=False)
+    if mismatch or errors:
+        return False
+    return all(same_tree(a / d, b / d) for d in cmp.common_dirs)
+
+
+def default_grader(sandbox: Sandbox, *, skip_unchanged: bool = False) -> Grader:
+    """The shared verifier as a harness grader: (task, workspace, trajectory) -> Verdict.
+
+    `grade` on `sandbox`, the exploit detector reading the trajectory's actions; with `skip_unchanged`, an
+    unchanged workspace is a failure without a grading run (see the module docstring).
+    """
+
+    def grader(task: Task, workspace: Path, trajectory: dict) -> Verdict:
+        if skip_unchanged and same_tree(task.repo, workspace):
+            return Verdict(task.id, success=False, reward=0.0, error="workspace unchanged")
+        return grade(task, workspace, sandbox=sandbox, detector=lambda t, w: detect(t, w, trajectory))
+
+    return grader

@@ -15,8 +15,8 @@ the teacher's line-number tokens, and of its OLD tokens (given the teacher's lin
 predicts exactly (greedy). OLD given N is the lookup a search needs; a base that reads only its prior
 scores what the commonest operators give.
 
-    .venv/bin/python benchmarks/search_probe.py runs/eval-base/medium/trajectories.jsonl ...
-    .venv/bin/python benchmarks/search_probe.py runs/eval-teacher/trajectories.jsonl --bases runs/base-search
+    .venv/bin/python experiments/search_probe.py runs/eval-base/medium/trajectories.jsonl ...
+    .venv/bin/python experiments/search_probe.py runs/eval-teacher/trajectories.jsonl --bases runs/base-search
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def teacher_forced(base: Path, records: list[dict], limit: int) -> Counter:
     import torch
 
     from flywheel.models.torch_engine import load_torch_model
-    from flywheel.rl.sft import _render, messages_of
+    from flywheel.sft.imitate import _render, messages_of
 
     engine = load_torch_model(f"hf:{base}", max_context=2048)
     c: Counter = Counter()

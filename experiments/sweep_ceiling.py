@@ -14,7 +14,7 @@ solved by four policies:
 - uniform memoryless: every sweep drawn uniformly from all pairs.
 
 The gap between the first and the third is what a policy gains by tracking which sweeps it has run.
-With trajectories files (`benchmarks/learning.py` writes `OUT/eval-*/<effort>/trajectories.jsonl`) it also
+With trajectories files (`experiments/learning.py` writes `OUT/eval-*/<effort>/trajectories.jsonl`) it also
 checks the patch-based count against what the sweeps printed (how often a sweep predicted to repair its
 task printed `fixed`, and how often one predicted not to did), then prints the table again with the
 repairs those episodes found another way added: a sweep that printed `fixed` in an episode the verifier
@@ -22,7 +22,7 @@ passed. With `--mix`, it prints for each of those files the share its policy's e
 drawn k times from that policy's own mix (memoryless, on the repairs above): whether RL moved the mix
 toward sweeps that pay, apart from how many sweeps an attempt runs. No model runs.
 
-    .venv/bin/python benchmarks/sweep_ceiling.py --split heldout --sweeps 4 8 12 16 20 \
+    .venv/bin/python experiments/sweep_ceiling.py --split heldout --sweeps 4 8 12 16 20 \
         --check runs/learn6-max/eval-trained/max/trajectories.jsonl --mix
 """
 

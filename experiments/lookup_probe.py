@@ -8,7 +8,7 @@ always writing the commonest operator, and against writing the commonest of the 
 line of the window (what a model that knows which operators are there, but not where, can reach). One run per `--from` (a base to start from, or `new` for a fresh
 model of the base's shape and tokenizer), side by side at the same steps.
 
-    .venv/bin/python benchmarks/lookup_probe.py --tokenizer runs/base-shift --from new runs/base-shift --steps 1500
+    .venv/bin/python experiments/lookup_probe.py --tokenizer runs/base-shift --from new runs/base-shift --steps 1500
 """
 
 from __future__ import annotations

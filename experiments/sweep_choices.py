@@ -1,14 +1,15 @@
 """Which sweeps does a policy run? The shell commands of its trajectories, against `scripted-sweep`'s.
 
 A `scripted-sweep` command is one fixed text per inverse operator (`flywheel.models.scripted.sweep_command`).
-For each trajectories file (`flywheel eval --out DIR` writes `DIR/trajectories.jsonl`; `benchmarks/learning.py`
-writes `OUT/eval-base/<effort>/` and `OUT/eval-trained/<effort>/`) this prints, per file: episodes, success,
-turns, looks (`cat -n`, `run_tests`) per episode, shell commands per episode, the share that are exactly
-one of the teacher's sweeps, the share of exact sweeps that repeat one already run in the episode, how the
-failed episodes ended (a submit that gives up, or a budget) and at what turn the failures that submitted
-did, and the commonest first sweeps with how often a sweep for that pair printed `fixed`. No model runs.
+For each trajectories file (`flywheel eval --out DIR` writes `DIR/trajectories.jsonl`;
+`experiments/learning.py` writes `OUT/eval-base/<effort>/` and `OUT/eval-trained/<effort>/`) this prints,
+per file: episodes, success, turns, looks (`cat -n`, `run_tests`) per episode, shell commands per
+episode, the share that are exactly one of the teacher's sweeps, the share of exact sweeps that repeat one
+already run in the episode, how the failed episodes ended (a submit that gives up, or a budget) and at what
+turn the failures that submitted did, and the commonest first sweeps with how often a sweep for that pair
+printed `fixed`. No model runs.
 
-    .venv/bin/python benchmarks/sweep_choices.py runs/learn-sweep/eval-base/medium/trajectories.jsonl \\
+    .venv/bin/python experiments/sweep_choices.py runs/learn-sweep/eval-base/medium/trajectories.jsonl \\
         runs/learn-sweep/eval-trained/medium/trajectories.jsonl
 """
 
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
 def main() -> None:
-    from flywheel.harness.actions import FormatError, parse_tagged, restore_stop
+    from flywheel.models.actions import FormatError, parse_tagged, restore_stop
     from flywheel.models.scripted import SEARCH_SHOW, SWEEP_PAIRS, sweep_command
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -17,6 +17,9 @@ In-process models write one tagged action per turn, a format a tiny model can le
     <submit/>
 
 Text before the action is allowed (a thought); only the first action in a turn is executed.
+
+The format is what the models (the scripted teachers write it, servers translate it) and the harness (which
+parses and executes it) both speak, so it lives here, below the harness.
 """
 
 from __future__ import annotations

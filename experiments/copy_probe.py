@@ -7,7 +7,7 @@ for the module-name tokens inside `<view path="...">` actions: a held-out module
 the report and the file list, so predicting it is copying from the context. A base that recalls its train
 modules scores 0 there.
 
-    .venv/bin/python benchmarks/copy_probe.py runs/base-big runs/base-rename
+    .venv/bin/python experiments/copy_probe.py runs/base-big runs/base-rename
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def probe(base: Path, records: list[dict]) -> tuple[int, int, int, int]:
     import torch
 
     from flywheel.models.torch_engine import load_torch_model
-    from flywheel.rl.sft import _render, messages_of
+    from flywheel.sft.imitate import _render, messages_of
 
     engine = load_torch_model(f"hf:{base}", max_context=2048)
     act_ok = act_n = name_ok = name_n = 0
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from flywheel.rl.sft import SftConfig, collect
+    from flywheel.sft.imitate import SftConfig, collect
 
     torch.set_num_threads(args.threads)
     cfg = SftConfig()

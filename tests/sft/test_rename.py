@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.rl.rename import generic_words, protected_words, rename_messages, rename_text, renaming
+from flywheel.sft.rename import generic_words, protected_words, rename_messages, rename_text, renaming
 from flywheel.tasks.toy import module_names, read_module
 
 
@@ -90,7 +90,7 @@ def test_sft_refuses_a_rename_share_outside_0_to_1(tmp_path, capsys):
 
 
 def test_a_renamed_task_is_graded_like_the_original(tmp_path):
-    from flywheel.rl.rename import rename_task
+    from flywheel.sft.rename import rename_task
     from flywheel.tasks import load_suite
     from flywheel.verify.qa import grade_patch
 
@@ -107,8 +107,8 @@ def test_a_renamed_task_is_graded_like_the_original(tmp_path):
 
 def test_shifted_lines_match_a_real_listing_and_real_sed(tmp_path):
     from flywheel.models.scripted import repair_candidates, try_command
-    from flywheel.rl.rename import shift_lines
     from flywheel.sandbox import get_sandbox
+    from flywheel.sft.rename import shift_lines
 
     source, _ = read_module("ledger")
     (tmp_path / "a").mkdir()

@@ -1,6 +1,6 @@
 import pytest
 
-from flywheel.harness.actions import (
+from flywheel.models.actions import (
     TOOL_NAMES,
     TOOLS,
     Action,
@@ -72,7 +72,7 @@ def test_tool_schema_names_are_the_public_ones():
 
 
 def test_restore_stop_puts_back_the_stop_string_the_sampler_cut():
-    from flywheel.harness.actions import restore_stop
+    from flywheel.models.actions import restore_stop
 
     assert restore_stop("<run_tests") == "<run_tests/>"
     assert restore_stop("<shell>ls -la") == "<shell>ls -la</shell>"

@@ -1,8 +1,8 @@
-"""The four ablations of the RL objective, side by side: one `benchmarks/learning.py` run each.
+"""The four ablations of the RL objective, side by side: one `experiments/learning.py` run each.
 
-    python benchmarks/ablations.py --base runs/base --config configs/learn.toml --steps 8 --out runs/ablations
-    python benchmarks/ablations.py --base runs/base-sweep6 --config configs/learn-sweep.toml --steps 10 \
-        --eval-tasks 149 --base-eval runs/base-eval6full/results.json \
+    python experiments/ablations.py --base runs/base --config configs/learn.toml --steps 8 --out runs/ablations
+    python experiments/ablations.py --base runs/base-sweep6 --config experiments/configs/learn-sweep.toml \
+        --steps 10 --eval-tasks 149 --base-eval runs/base-eval6full/results.json \
         --variant 'rollout.efforts=["medium"]' --variant rollout.group_size=8 --out runs/ablations6
 
 Runs, each for the same number of RL steps from the same base:
@@ -54,7 +54,7 @@ def learning_run(args, name: str, extra: list[str]) -> dict:
         return json.loads((out / "results.json").read_text())
     cmd = [
         sys.executable,
-        str(ROOT / "benchmarks" / "learning.py"),
+        str(ROOT / "experiments" / "learning.py"),
         "--base",
         args.base,
         "--config",

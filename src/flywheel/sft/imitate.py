@@ -29,15 +29,22 @@ import math
 import random
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from flywheel.errors import FlywheelError
+from flywheel.eval.run import efforts_for, make_specs, rollout
+from flywheel.harness import HarnessConfig
+from flywheel.models import get_model
+from flywheel.models.hf import train_top_layers
+from flywheel.models.tiny import IM_END, IM_START, build_tiny_model
 from flywheel.progress import progress
 from flywheel.protocols import Verdict
+from flywheel.sft.rename import generic_words, rename_messages, shift_lines
+from flywheel.tasks import cache_dir, load_suite
 
 
 @dataclass
@@ -49,7 +56,7 @@ class SftDataConfig:
     efforts: list[str] = field(default_factory=lambda: ["medium", "high", "max"])
     observation_chars: int = 1500  # must match the runs that use the model (RolloutConfig)
     concurrency: int = 16
-    rename: float = 0.0  # share of episodes whose task names are made up anew (flywheel.rl.rename)
+    rename: float = 0.0  # share of episodes whose task names are made up anew (flywheel.sft.rename)
     shift: int = 0  # most blank lines added to the module of an episode with a `cat -n` listing (shift_lines)
     copies: int = 1  # times each episode is imitated, each copy renamed and shifted on its own
 
@@ -104,10 +111,7 @@ def collect(cfg: SftConfig) -> list[dict[str, Any]]:
     The cache (`cache_dir()/sft-data/<key>.jsonl`) is written whole or not at all, so a run killed
     during training restarts without collecting again.
     """
-    from flywheel.rl.config import to_dict
-    from flywheel.tasks import cache_dir
-
-    data = {k: v for k, v in to_dict(cfg.data).items() if k not in _AUGMENTS}  # applied after collection
+    data = {k: v for k, v in asdict(cfg.data).items() if k not in _AUGMENTS}  # applied after collection
     key = hashlib.sha256(json.dumps([cfg.seed, data, DATA_FORMAT], sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / "sft-data" / f"{key}.jsonl"
     if path.is_file():
@@ -121,11 +125,6 @@ def collect(cfg: SftConfig) -> list[dict[str, Any]]:
 
 
 def _collect(cfg: SftConfig) -> list[dict[str, Any]]:
-    from flywheel.harness import HarnessConfig
-    from flywheel.models import get_model
-    from flywheel.rl.rollout import efforts_for, make_specs, rollout
-    from flywheel.tasks import load_suite
-
     tasks = load_suite(cfg.data.suite, split=cfg.data.split)
     n = cfg.data.episodes or len(tasks)
     rng = random.Random(cfg.seed)
@@ -161,11 +160,8 @@ def augmented(
     conversations: list[list[dict[str, Any]]], records: list[dict[str, Any]], cfg: SftConfig
 ) -> list[list[dict[str, Any]]]:
     """`data.copies` copies of the conversations, each with a `data.rename` share renamed and every one
-    shifted by up to `data.shift` lines (`flywheel.rl.rename`), deterministically from the seed; names
+    shifted by up to `data.shift` lines (`flywheel.sft.rename`), deterministically from the seed; names
     shared by half the source modules are kept."""
-    from flywheel.rl.rename import generic_words, rename_messages, shift_lines
-    from flywheel.tasks import load_suite
-
     d = cfg.data
     if not d.rename and not d.shift and d.copies == 1:
         return conversations
@@ -228,8 +224,6 @@ def render_with_spans(messages: list[dict[str, Any]]) -> tuple[str, list[tuple[i
 def _render(messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
     """(text, learned spans, context spans): context is what the model reads but never writes (the system
     prompt, the task, tool output)."""
-    from flywheel.models.tiny import IM_END, IM_START
-
     text, learned, context = "", [], []
     for m in messages:
         text += f"{IM_START}{m['role']}\n"
@@ -382,8 +376,6 @@ def pretrain_copy(model, tokenizer, streams: list[list[int]], cfg: SftConfig, lo
 
 
 def _train_top(model, k: int) -> None:
-    from flywheel.rl.optim import train_top_layers
-
     try:
         train_top_layers(model, k)
     except ValueError as e:
@@ -392,7 +384,6 @@ def _train_top(model, k: int) -> None:
 
 def run_sft(cfg: SftConfig, out: Path) -> Path:
     """Collect, build, train and save the base policy into `out` (which must not exist or be empty)."""
-    from flywheel.models.tiny import build_tiny_model
     from flywheel.models.torch_engine import load_torch_model
 
     out = Path(out)
@@ -460,11 +451,9 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
     train_model(model, tokenizer, examples, cfg, lambda row: lines.append(json.dumps(row)))
     model.save_pretrained(work)
     (work / "sft_metrics.jsonl").write_text("\n".join(lines) + "\n")
-    from flywheel.rl.config import to_dict
-
     n_tokens = sum(len(ids) for ids, _ in examples)
     info = {
-        "config": to_dict(cfg),
+        "config": asdict(cfg),
         "episodes": len(records),
         "tokens": n_tokens,
         "parameters": sum(p.numel() for p in model.parameters()),

@@ -31,6 +31,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from flywheel.tasks.format import Task, load_task, task_toml, write_task
+
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ONSETS = tuple("bdfgklmnprstvz") + ("br", "gr", "st", "tr", "pl", "sh")
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
@@ -155,13 +157,11 @@ def rename_messages(
     ]
 
 
-def rename_task(task, dest: Path, rng: random.Random):
+def rename_task(task: Task, dest: Path, rng: random.Random) -> Task:
     """A copy of `task` in `dest` with its names made up anew: repository, hidden tests, instruction,
     test node ids and solution patch, all renamed alike, so the copy is graded like the original
-    (`tests/rl/test_rl_rename.py` checks every shipped module still passes its renamed tests). Its id is
+    (`tests/sft/test_rename.py` checks every shipped module still passes its renamed tests). Its id is
     the name of `dest` and `meta.renamed_from` names the original. An existing `dest` is loaded as is."""
-    from flywheel.tasks.format import load_task, task_toml, write_task
-
     dest = Path(dest)
     if (dest / "task.toml").is_file():
         return load_task(dest)

@@ -1,6 +1,6 @@
 """Does RL make the base policy better and cheaper? Base against trained on toybugs held-out, per effort.
 
-    python benchmarks/learning.py --base runs/base --config configs/learn.toml --minutes 30 --out runs/learning
+    python experiments/learning.py --base runs/base --config configs/learn.toml --minutes 30 --out runs/learning
 
 1. λ per effort from the base policy's ladder (`flywheel calibrate`), unless --no-calibrate;
 2. the base on `--eval-tasks` held-out tasks at every effort level;
@@ -19,7 +19,7 @@ is this invocation's, evaluations included.
 `--variant KEY=VALUE` (repeatable) overrides a config field for ablations, e.g.
 `--variant objective.baseline=mean`, `--variant objective.replay=false`, `--variant optim.kind=adamw`,
 `--variant reward.lambdas.medium=0` (with --no-calibrate and explicit λ). `--base-eval DIR/results.json`
-reuses the base evaluation of another run, so ablations share one baseline (`benchmarks/ablations.py`);
+reuses the base evaluation of another run, so ablations share one baseline (`experiments/ablations.py`);
 `--base-only` stops after the base evaluation, writing a results.json that holds it alone, for runs that
 train a subset of its effort levels to share.
 """
@@ -118,9 +118,11 @@ def main() -> None:
     args = ap.parse_args()
 
     from flywheel.errors import FlywheelError
+    from flywheel.eval.measure import evaluate_policy
+    from flywheel.loop import RunDir
+    from flywheel.rl.calibrate import measuring, run_calibration
     from flywheel.rl.config import load_config
-    from flywheel.rl.measure import evaluate_policy, run_calibration
-    from flywheel.rl.train import Run, load_engine, load_heldout, load_tasks, setup_torch, train
+    from flywheel.rl.train import load_engine, load_heldout, load_tasks, setup_torch, train
 
     out = Path(args.out)
     try:
@@ -180,7 +182,7 @@ def main() -> None:
         before = json.loads((out / "eval-base" / "summary.json").read_text())
     else:
         engine = load_engine(cfg, f"hf:{args.base}")
-        before = evaluate_policy(engine, heldout, cfg, out / "eval-base")
+        before = evaluate_policy(engine, heldout, out=out / "eval-base", **measuring(cfg))
         (out / "eval-base" / "summary.json").write_text(json.dumps(before, indent=1) + "\n")
     if args.base_only:
         (out / "results.json").write_text(
@@ -192,11 +194,11 @@ def main() -> None:
     rows = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
     latest = sorted((out / "train" / "checkpoints").glob("step-*"))[-1]
     engine = load_engine(cfg, f"hf:{latest}")
-    after = evaluate_policy(engine, heldout, cfg, out / "eval-trained")
+    after = evaluate_policy(engine, heldout, out=out / "eval-trained", **measuring(cfg))
     result = {
         "variant": args.variant,
         "steps": len(rows),
-        "train_minutes": round(Run(out / "train").seconds_spent() / 60, 1),
+        "train_minutes": round(sum(RunDir(out / "train").step_seconds()) / 60, 1),
         "invocation_minutes": round((time.perf_counter() - t0) / 60, 1),
         "base": before,
         "trained": after,

@@ -1,0 +1,126 @@
+"""Measuring a policy the way training sees it: budget ladders for λ calibration, evaluations per effort.
+
+`measure_ladder` runs the policy on calibration tasks at a ladder of budgets for each effort level (the
+level's turn and token budgets scaled by each factor) and returns (factor, mean cost, success rate) per
+rung, with the cost priced by the caller's `cost(record)` (training passes the reward's cost,
+`flywheel.rl.rollout.reward_cost`). `flywheel.rl.calibrate.run_calibration` turns the ladders into λ.
+
+`evaluate_policy` runs one policy on a task list at each effort level and returns the eval summary per
+level (`flywheel.eval.summarize`, plus `mean_reward_cost`), writing trajectories under `out/<effort>/`.
+
+Both take plain arguments (effort levels, harness settings, concurrency, the cost), so that evaluation
+needs nothing from the training code; `flywheel.rl.calibrate.measuring(cfg)` builds them from a run config.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from flywheel.eval import summarize
+from flywheel.eval.run import make_specs, rollout
+from flywheel.harness import EpisodeSpec, HarnessConfig
+from flywheel.harness.effort import Effort
+from flywheel.progress import progress
+from flywheel.protocols import Model
+from flywheel.tasks.format import Task
+
+LADDER = (0.5, 1.0, 2.0)
+Cost = Callable[[dict[str, Any]], float]  # a trajectory record's cost, in the reward's unit
+
+
+def ladder_specs(
+    tasks: Sequence[Task], efforts: Sequence[Effort], factors: Sequence[float], samples: int, seed: int
+) -> tuple[list[EpisodeSpec], dict[str, tuple[str, float]]]:
+    """Every rung's episodes, and each episode's (effort, factor) by id; rungs share their seeds."""
+    rung_of, specs = {}, []
+    for base in efforts:
+        for f in factors:
+            level = replace(
+                base,
+                max_turns=max(1, round(base.max_turns * f)),
+                max_tokens=max(1, round(base.max_tokens * f)),
+            )
+            for spec in make_specs(tasks, [level], samples, seed=seed):
+                spec = replace(spec, variant=f"x{f:g}")
+                rung_of[spec.id] = (base.name, f)
+                specs.append(spec)
+    return specs, rung_of
+
+
+def measure_ladder(
+    engine: Model,
+    tasks: Sequence[Task],
+    efforts: Sequence[Effort],
+    cfg: HarnessConfig,
+    *,
+    concurrency: int,
+    cost: Cost,
+    seed: int,
+    factors: Sequence[float] = LADDER,
+    samples: int = 2,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, list[tuple[float, float, float]]]:
+    """effort -> [(factor, mean cost, success rate)] for each rung of the ladder.
+
+    Every rung of every level runs in one rollout, so the engine batches up to `concurrency` episodes
+    even when each rung has only a few tasks. The rungs share their random numbers (common random
+    numbers): sample i of a task draws the same stream at every budget, so a bigger budget replays the
+    smaller one's attempt and carries it on where the smaller one was cut. What differs between rungs is
+    then what the budget changes, not the luck of the draw, and success rises with the budget per attempt.
+    """
+    specs, rung_of = ladder_specs(tasks, efforts, factors, samples, seed)
+    records = rollout(engine, specs, cfg, concurrency=concurrency, on_record=on_record)
+    by_rung: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in records:
+        by_rung.setdefault(rung_of[r["id"]], []).append(r)
+    out: dict[str, list[tuple[float, float, float]]] = {}
+    for name, f in dict.fromkeys(rung_of.values()):  # levels and rungs in the order asked
+        rs = by_rung[name, f]
+        mean_cost = statistics.fmean(cost(r) for r in rs)
+        out.setdefault(name, []).append((f, mean_cost, statistics.fmean(float(r["success"]) for r in rs)))
+    return out
+
+
+def _tally(advance, successes: list[float], record: dict[str, Any]) -> None:
+    successes.append(float(record["success"]))
+    advance(success=statistics.fmean(successes))
+
+
+def evaluate_policy(
+    engine: Model,
+    tasks: Sequence[Task],
+    efforts: Sequence[Effort],
+    cfg: HarnessConfig,
+    out: Path,
+    *,
+    concurrency: int,
+    cost: Cost,
+    samples: int = 1,
+    seed: int = 12345,
+) -> dict[str, dict[str, Any]]:
+    """Summaries per effort level of `engine` on `tasks` (trajectories in out/<effort>/)."""
+    out = Path(out)
+    result = {}
+    for level in efforts:
+        with progress(f"evaluate {level.name}", len(tasks) * samples) as advance:
+            records = rollout(
+                engine,
+                make_specs(tasks, [level], samples, seed=seed),
+                cfg,
+                concurrency=concurrency,
+                on_record=partial(_tally, advance, []),
+            )
+        (out / level.name).mkdir(parents=True, exist_ok=True)
+        with (out / level.name / "trajectories.jsonl").open("w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+        summary = summarize(records)
+        summary["mean_reward_cost"] = statistics.fmean(cost(r) for r in records)
+        result[level.name] = summary
+    return result
