@@ -63,8 +63,8 @@ def main() -> None:
             t0 = time.perf_counter()
             records = rollout(engine, specs, cfg, concurrency=r.concurrency)
             walls[n].append(time.perf_counter() - t0)
-            turns = sum(rec["n_turns"] for rec in records)
-            solved = sum(rec["success"] for rec in records)
+            turns = sum(rec.n_turns for rec in records)
+            solved = sum(rec.success for rec in records)
             print(
                 f"round {rnd + 1}  cohorts {n}  {walls[n][-1]:6.1f} s  turns {turns}  solved {solved}/{len(records)}",
                 flush=True,

@@ -32,15 +32,15 @@ def main() -> None:
 
     tasks = load_suite(args.suite, split=args.split)[: args.tasks]
     specs = [EpisodeSpec(t, get_effort("medium")) for t in tasks]
-    no_grade = lambda task, ws, traj: Verdict(task.id, False, 0.0)  # noqa: E731 - grading is not measured here
+    no_grade = lambda task, ws, traj: Verdict(task.id, False)  # noqa: E731 - grading is not measured here
     recs = run_episodes(specs, ScriptedModel(), grader=no_grade, concurrency=args.concurrency)
-    per_step = [(r["wall_s"] - r["tool_s"] - r["gen_s"]) / r["n_turns"] for r in recs]
+    per_step = [(r.wall_s - r.tool_s - r.gen_s) / r.n_turns for r in recs]
     rows = {
         "episodes": len(recs),
-        "median_steps": statistics.median(r["n_turns"] for r in recs),
+        "median_steps": statistics.median(r.n_turns for r in recs),
         "overhead_ms_per_step_median": 1000 * statistics.median(per_step),
         "overhead_ms_per_step_max": 1000 * max(per_step),
-        "tool_ms_per_step_median": 1000 * statistics.median(r["tool_s"] / r["n_turns"] for r in recs),
+        "tool_ms_per_step_median": 1000 * statistics.median(r.tool_s / r.n_turns for r in recs),
     }
     for k, v in rows.items():
         print(f"{k:32s} {v:.2f}" if isinstance(v, float) else f"{k:32s} {v}")

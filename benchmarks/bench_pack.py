@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"rolled out {len(records)} episodes in {time.perf_counter() - t0:.0f} s", flush=True)
     for i, r in enumerate(records):
-        r["success"] = i % args.group == 0
+        r.success = i % args.group == 0
     turns = [t for r in records for t in turns_of(r)]
     padded = sum(len(t["prompt_ids"]) + len(t["token_ids"]) for t in turns)
     pack = PrefixPack()

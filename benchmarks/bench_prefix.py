@@ -58,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             runs[name].append(
                 {
                     "wall_s": wall,
-                    "gen_s": sum(r["gen_s"] for r in records),
-                    "prompt_tokens": sum(r["usage"]["prompt_tokens"] for r in records),
+                    "gen_s": sum(r.gen_s for r in records),
+                    "prompt_tokens": sum(r.prompt_tokens for r in records),
                     "reused": store.reused if store else 0,
-                    "turns": sum(r["n_turns"] for r in records),
+                    "turns": sum(r.n_turns for r in records),
                 }
             )
             print(

@@ -16,8 +16,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from flywheel.record import Trajectory
 
-def probe(base: Path, records: list[dict]) -> tuple[int, int, int, int]:
+
+def probe(base: Path, records: list[Trajectory]) -> tuple[int, int, int, int]:
     """(action tokens right, action tokens, name tokens right, name tokens) of `base` on `records`."""
     import torch
 
@@ -32,7 +34,7 @@ def probe(base: Path, records: list[dict]) -> tuple[int, int, int, int]:
         ids, offsets = enc["input_ids"][:2048], enc["offset_mapping"][:2048]
         with torch.no_grad():
             pred = engine.model(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
-        module = r["task_id"].split("-")[1]
+        module = r.task_id.split("-")[1]
         for i in range(1, len(ids)):
             start = offsets[i][0]
             span = next(((a, b) for a, b in learned if a <= start < b), None)

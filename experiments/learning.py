@@ -192,7 +192,7 @@ def main() -> None:
         return
     train(cfg, out / "train")
     rows = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
-    latest = sorted((out / "train" / "checkpoints").glob("step-*"))[-1]
+    latest = RunDir(out / "train").latest_weights()
     engine = load_engine(cfg, f"hf:{latest}")
     after = evaluate_policy(engine, heldout, out=out / "eval-trained", **measuring(cfg))
     result = {

@@ -22,11 +22,12 @@ scores what the commonest operators give.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections import Counter
 from pathlib import Path
+
+from flywheel.record import Trajectory, read_trajectories
 
 _PART = r"((?:[^/\\]|\\.)*)"
 TRY = re.compile(
@@ -39,13 +40,13 @@ def _plain(text: str) -> str:
     return re.sub(r"\\(.)", r"\1", text)
 
 
-def tally(records: list[dict], tasks: dict) -> Counter:
+def tally(records: list[Trajectory], tasks: dict) -> Counter:
     """Counts of tries (and of first tries) passing each check."""
     from flywheel.models.scripted import function_lines, repair_candidates, searched_function
 
     c: Counter = Counter()
     for r in records:
-        task = tasks[r.get("renamed_from", r["task_id"])]
+        task = tasks[r.renamed_from or r.task_id]
         files = sorted(p for p in task.repo.glob("*.py"))
         if len(files) != 1:
             continue
@@ -58,7 +59,7 @@ def tally(records: list[dict], tasks: dict) -> Counter:
             (n, old.lstrip(" "), new.lstrip(" ")) for n, old, new in repair_candidates(source, inside)
         }
         first = True
-        for turn in r["turns"]:
+        for turn in r.turns:
             hit = TRY.search(turn["text"]) if turn["role"] == "assistant" else None
             if hit is None:
                 continue
@@ -79,7 +80,7 @@ def tally(records: list[dict], tasks: dict) -> Counter:
     return c
 
 
-def teacher_forced(base: Path, records: list[dict], limit: int) -> Counter:
+def teacher_forced(base: Path, records: list[Trajectory], limit: int) -> Counter:
     """Tokens of the teacher's line numbers and OLD texts, and of those the base predicts (greedy)."""
     import torch
 
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| trajectories | tries | {' | '.join(CHECKS)} | first try holds OLD |")
     print("|---|---|" + "---|" * (len(CHECKS) + 1))
     for path in args.trajectories:
-        c = tally([json.loads(line) for line in path.read_text().splitlines() if line.strip()], tasks)
+        c = tally(read_trajectories(path), tasks)
         print(
             f"| {path} | {c['tries']} | "
             + " | ".join(_share(c, f"tries: {k}", c["tries"]) for k in CHECKS)
@@ -145,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     for base in args.bases:
         for path in args.trajectories:
-            records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            c = teacher_forced(base, records, args.episodes)
+            c = teacher_forced(base, read_trajectories(path), args.episodes)
             print(
                 f"| {base} | {path} | {c['tries']} | {_share(c, 'N right', c['N tokens'])} | "
                 f"{_share(c, 'OLD right', c['OLD tokens'])} | {_share(c, 'OLD whole', c['tries'])} |"

@@ -90,6 +90,7 @@ def plot(before: dict, after: dict, path: Path) -> None:
 
 def main() -> None:
     from flywheel.eval.measure import evaluate_policy
+    from flywheel.loop import RunDir
     from flywheel.rl.calibrate import measuring, run_calibration
     from flywheel.rl.config import load_config
     from flywheel.rl.train import load_engine, load_heldout, setup_torch, train
@@ -121,7 +122,7 @@ def main() -> None:
     before = evaluate_policy(engine, heldout, out=out / "eval-base", **measuring(cfg))
     stage(5, f"training for {cfg.train.steps} steps ...")
     train(cfg, out / "train")
-    latest = sorted((out / "train" / "checkpoints").glob("step-*"))[-1]
+    latest = RunDir(out / "train").latest_weights()
     stage(6, "evaluating the trained policy ...")
     engine = load_engine(cfg, f"hf:{latest}")
     after = evaluate_policy(engine, heldout, out=out / "eval-trained", **measuring(cfg))

@@ -9,7 +9,7 @@ types exchanged across a seam live here too, so that a reader sees every contrac
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,6 +24,7 @@ class Limits:
     memory_mb: int = 2048  # address space / cgroup memory limit
     max_procs: int = 64  # processes and threads alive at once
     max_file_mb: int = 64  # largest file the command may write
+    disk_mb: int = 512  # the workspace's (and read-write mounts') total size on disk; the run fails past it
     output_bytes: int = 16_384  # captured output kept (head and tail); the rest is marked as truncated
 
 
@@ -114,9 +115,8 @@ class Verdict:
     """The grader's decision on one finished workspace (the JSON printed by `flywheel grade`)."""
 
     task_id: str
-    success: bool
-    reward: float
-    cheat: bool = False
+    success: bool  # the hidden tests pass and no exploit signature fired: a cheat is never a success
+    cheat: bool = False  # an exploit signature fired (`flywheel.verify.exploits`)
     signatures: list[str] = field(default_factory=list)
     fail_to_pass: tuple[int, int] = (0, 0)  # (passed, total)
     pass_to_pass: tuple[int, int] = (0, 0)
@@ -128,7 +128,6 @@ class Verdict:
         return {
             "task_id": self.task_id,
             "success": self.success,
-            "reward": self.reward,
             "cheat": self.cheat,
             "signatures": list(self.signatures),
             "fail_to_pass": {"passed": self.fail_to_pass[0], "total": self.fail_to_pass[1]},
@@ -137,6 +136,30 @@ class Verdict:
             "tests": dict(self.tests),
             "wall_s": round(self.wall_s, 4),
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Verdict:
+        """The verdict `to_json` wrote; missing keys take their defaults. The legacy key `reward` (a copy
+        of `success` that verdicts no longer carry) is dropped; any other unknown key is a ValueError."""
+        unknown = set(data) - {f.name for f in fields(cls)} - {"reward"}
+        if unknown:
+            raise ValueError(f"verdict: unknown key '{sorted(unknown)[0]}'")
+        return cls(
+            task_id=str(data.get("task_id", "")),
+            success=bool(data.get("success", False)),
+            cheat=bool(data.get("cheat", False)),
+            signatures=list(data.get("signatures") or []),
+            fail_to_pass=_pair(data.get("fail_to_pass")),
+            pass_to_pass=_pair(data.get("pass_to_pass")),
+            error=data.get("error"),
+            tests=dict(data.get("tests") or {}),
+            wall_s=float(data.get("wall_s", 0.0)),
+        )
+
+
+def _pair(counts: Mapping[str, int] | None) -> tuple[int, int]:
+    """(passed, total) from `{"passed", "total"}`; (0, 0) when absent."""
+    return (int(counts["passed"]), int(counts["total"])) if counts else (0, 0)
 
 
 @runtime_checkable
@@ -157,9 +180,10 @@ class LoopTrainer(Protocol):
 
     version: int  # the version of the current weights; `step` increments it
 
-    def step(self, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, float]]]:
-        """One update from graded records; returns the step's metrics and each record's score (its reward,
-        advantage and what they were computed from), in the records' order."""
+    def step(self, records: list[Any]) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """One update from graded records (`flywheel.record.Trajectory`, which sits beside this module and
+        imports it, so it is not named in the signature); returns the step's metrics and each record's
+        score (its reward, advantage and what they were computed from), in the records' order."""
         ...
 
     def serving_weights(self) -> dict[str, Any]:

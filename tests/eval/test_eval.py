@@ -2,21 +2,26 @@ import json
 
 import pytest
 
-from flywheel.eval import read_trajectories, run_eval, summarize, wilson_interval
+from flywheel.eval import run_eval, summarize, wilson_interval
 from flywheel.models.scripted import ScriptedModel
+from flywheel.protocols import Verdict
+from flywheel.record import Trajectory, read_trajectories
 
 
 def rec(success, cost, turns, first_edit, ending="submitted"):
-    return {
-        "success": success,
-        "cost": cost,
-        "n_turns": turns,
-        "steps_to_first_edit": first_edit,
-        "usage": {"completion_tokens": 10},
-        "ending": ending,
-        "format_errors": 1,
-        "verdict": {"cheat": False},
-    }
+    return Trajectory(
+        "t/medium/s0/0",
+        "t",
+        "medium",
+        success=success,
+        cost=cost,
+        n_turns=turns,
+        steps_to_first_edit=first_edit,
+        completion_tokens=10,
+        ending=ending,
+        format_errors=1,
+        verdict=Verdict("t", success=success),
+    )
 
 
 def test_wilson_interval_known_values():
@@ -39,12 +44,12 @@ def test_run_eval_writes_trajectories_and_summary(clamp_task, tmp_path):
     assert summary["n"] == 1 and summary["success_rate"] == 1.0
     assert json.loads((out / "summary.json").read_text())["success_ci95"] == summary["success_ci95"]
     [record] = read_trajectories(out / "trajectories.jsonl")
-    assert record["task_id"] == "clamp-1" and record["verdict"]["success"] is True
+    assert record.task_id == "clamp-1" and record.verdict.success is True
 
 
 def test_a_torn_last_line_is_skipped(tmp_path):
     p = tmp_path / "t.jsonl"
-    p.write_text(json.dumps(rec(True, 0.1, 1, 1)) + "\n" + '{"success": tr')
+    p.write_text(json.dumps(rec(True, 0.1, 1, 1).to_json()) + "\n" + '{"success": tr')
     assert len(read_trajectories(p)) == 1
 
 

@@ -13,6 +13,7 @@ import pytest
 from flywheel.eval import summarize
 from flywheel.harness import EpisodeSpec, get_effort, run_episodes
 from flywheel.models.scripted import ScriptedModel
+from flywheel.record import Trajectory
 from flywheel.tasks import load_suite
 
 SUITES = [("toybugs", "heldout"), ("humaneval", None)]
@@ -26,23 +27,19 @@ def spread(tasks: list, n: int) -> list:
     return [tasks[round(i * (len(tasks) - 1) / (n - 1))] for i in range(n)]
 
 
-def solve_all(tasks: list, concurrency: int) -> list[dict]:
+def solve_all(tasks: list, concurrency: int) -> list[Trajectory]:
     specs = [EpisodeSpec(t, get_effort("medium")) for t in tasks]
     return run_episodes(specs, ScriptedModel(), concurrency=concurrency)
 
 
-def assert_all_solved(tasks: list, records: list[dict]) -> None:
+def assert_all_solved(tasks: list, records: list[Trajectory]) -> None:
     assert len(records) == len(tasks)
-    failed = [
-        (r["task_id"], r["ending"], r["error"], (r["verdict"] or {}).get("error"))
-        for r in records
-        if not r["success"]
-    ]
+    failed = [(r.task_id, r.ending, r.error, r.verdict and r.verdict.error) for r in records if not r.success]
     assert failed == []
     summary = summarize(records)
     assert summary["success_rate"] == 1.0 and summary["cheats"] == 0
     assert summary["endings"] == {"submitted": len(tasks)}
-    assert {r["task_id"] for r in records} == {t.id for t in tasks}
+    assert {r.task_id for r in records} == {t.id for t in tasks}
 
 
 @pytest.mark.parametrize("suite,split", SUITES)

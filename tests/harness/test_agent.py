@@ -35,12 +35,12 @@ def run(task, model, effort="medium", cfg=None, **overrides):
 @pytest.mark.parametrize("action_format", ["tagged", "native"])
 def test_scripted_oracle_solves_through_the_real_grader(clamp_task, action_format):
     rec = run(clamp_task, ScriptedModel(), cfg=HarnessConfig(action_format=action_format))
-    assert rec["ending"] == "submitted" and rec["success"] and rec["reward"] == 1.0
-    names = [t["name"] for t in rec["turns"] if t["role"] == "tool"]
+    assert rec.ending == "submitted" and rec.success and rec.verdict.success
+    names = [t["name"] for t in rec.turns if t["role"] == "tool"]
     assert names == ["run_tests", "view", "edit", "run_tests", "submit"]
-    assert rec["steps_to_first_edit"] == 3 and rec["n_turns"] == 5
-    assert rec["verdict"]["fail_to_pass"] == {"passed": 1, "total": 1}
-    assert rec["cost"] > 0 and rec["usage"]["completion_tokens"] > 0
+    assert rec.steps_to_first_edit == 3 and rec.n_turns == 5
+    assert rec.verdict.fail_to_pass == (1, 1)
+    assert rec.cost > 0 and rec.completion_tokens > 0
 
 
 @pytest.mark.slow
@@ -50,8 +50,8 @@ def test_noisy_oracle_varies_but_still_solves(clamp_task):
         ScriptedModel(noisy=True),
         concurrency=4,
     )
-    assert all(r["success"] for r in recs)
-    assert len({r["n_turns"] for r in recs}) > 1
+    assert all(r.success for r in recs)
+    assert len({r.n_turns for r in recs}) > 1
 
 
 def test_variants_of_an_episode_have_their_own_ids_and_draw_the_same_random_numbers(clamp_task):
@@ -59,7 +59,7 @@ def test_variants_of_an_episode_have_their_own_ids_and_draw_the_same_random_numb
     specs = [EpisodeSpec(clamp_task, get_effort("medium", max_turns=n), variant=f"x{n}") for n in (2, 4)]
     specs.append(EpisodeSpec(clamp_task, get_effort("medium", max_turns=2), index=1))
     recs = run_episodes(specs, model, cfg=HarnessConfig(), concurrency=3)
-    assert len({r["id"] for r in recs}) == 3 and recs[0]["id"].endswith("/x2")
+    assert len({r.id for r in recs}) == 3 and recs[0].id.endswith("/x2")
     seeds = {}
     for request in model.requests:
         seeds.setdefault(request.meta["episode"], []).append(request.seed)
@@ -86,23 +86,21 @@ def test_cohorts_take_turns_and_run_the_same_episodes_as_lockstep(clamp_task):
     for n in (1, 2):
         model = Recording()
         recs = run_episodes(specs, model, cfg=HarnessConfig(cohorts=n), concurrency=4)
-        runs[n] = (sorted(recs, key=lambda r: r["id"]), model.batches)
+        runs[n] = (sorted(recs, key=lambda r: r.id), model.batches)
     (lockstep, one_batches), (cohorts, two_batches) = runs[1], runs[2]
-    assert [r["id"] for r in cohorts] == [s.id for s in specs]
-    assert [[t["text"] for t in r["turns"]] for r in cohorts] == [
-        [t["text"] for t in r["turns"]] for r in lockstep
-    ]
-    assert [r["success"] for r in cohorts] == [r["success"] for r in lockstep]
+    assert [r.id for r in cohorts] == [s.id for s in specs]
+    assert [[t["text"] for t in r.turns] for r in cohorts] == [[t["text"] for t in r.turns] for r in lockstep]
+    assert [r.success for r in cohorts] == [r.success for r in lockstep]
     assert max(map(len, one_batches)) == 4 and max(map(len, two_batches)) == 2
     first, second = set(two_batches[0]), set(two_batches[1])
     assert first.isdisjoint(second) and len(first | second) == 4  # the first four, two to a cohort
-    assert len({r["n_turns"] for r in lockstep}) > 1  # the episodes differ, so the comparison means something
+    assert len({r.n_turns for r in lockstep}) > 1  # the episodes differ, so the comparison means something
 
 
 def test_cost_is_priced_from_usage_and_compute_time(clamp_task):
     price = Pricing(prompt_per_m=1e6, completion_per_m=2e6, per_second=0.0)
     rec = run(clamp_task, FakeModel(text("<submit/>", tokens=7)), cfg=HarnessConfig(pricing=price))
-    assert rec["cost"] == pytest.approx(10 * 1.0 + 7 * 2.0)
+    assert rec.cost == pytest.approx(10 * 1.0 + 7 * 2.0)
 
 
 @pytest.mark.parametrize(
@@ -120,12 +118,12 @@ def test_cost_is_priced_from_usage_and_compute_time(clamp_task):
 )
 def test_every_ending_is_typed_and_recorded(clamp_task, ending, model, overrides):
     rec = run(clamp_task, model, **overrides)
-    assert rec["ending"] == ending
-    assert rec["verdict"] is not None and rec["success"] is False
+    assert rec.ending == ending
+    assert rec.verdict is not None and rec.success is False
     if ending == "model_error":
-        assert rec["error"] == "server exploded"
+        assert rec.error == "server exploded"
     if ending == "format_errors":
-        assert rec["format_errors"] == HarnessConfig().max_format_errors
+        assert rec.format_errors == HarnessConfig().max_format_errors
 
 
 def test_the_time_limit_counts_an_attempts_own_seconds_not_its_neighbours(clamp_task):
@@ -147,7 +145,7 @@ def test_the_time_limit_counts_an_attempts_own_seconds_not_its_neighbours(clamp_
     level = get_effort("medium", wall_s=0.5, max_turns=5)
     specs = [EpisodeSpec(clamp_task, level, seed=s) for s in (0, 1)]
     recs = run_episodes(specs, Slow(reply), concurrency=2)
-    endings = {r["id"] == first[0]: r["ending"] for r in recs}
+    endings = {r.id == first[0]: r.ending for r in recs}
     assert endings == {True: "turn_limit", False: "time_limit"}
 
 
@@ -178,7 +176,7 @@ def test_self_compaction_shortens_old_observations(clamp_task):
         )
 
     rec = run(clamp_task, FakeModel(reply))
-    assert rec["ending"] == "submitted" and rec["compactions"] == 1
+    assert rec.ending == "submitted" and rec.compactions == 1
 
 
 def test_a_conversation_that_still_does_not_fit_ends_instead_of_compacting_forever(clamp_task):
@@ -192,7 +190,7 @@ def test_a_conversation_that_still_does_not_fit_ends_instead_of_compacting_forev
         return Completion("", prompt_tokens=10, completion_tokens=1, finish_reason="context")
 
     rec = run(clamp_task, FakeModel(reply), max_turns=50)
-    assert rec["ending"] == "context_exhausted" and rec["compactions"] == 1 and rec["n_turns"] == 5
+    assert rec.ending == "context_exhausted" and rec.compactions == 1 and rec.n_turns == 5
 
 
 def test_compaction_turns_count_toward_the_turn_limit(clamp_task):
@@ -206,7 +204,7 @@ def test_compaction_turns_count_toward_the_turn_limit(clamp_task):
         return Completion('<view path="mathx.py"/>', prompt_tokens=10, completion_tokens=5)
 
     rec = run(clamp_task, FakeModel(reply), max_turns=5)
-    assert rec["ending"] == "turn_limit" and rec["n_turns"] == 5 and rec["compactions"] == 2
+    assert rec.ending == "turn_limit" and rec.n_turns == 5 and rec.compactions == 2
 
 
 def test_agent_cannot_see_hidden_tests_through_any_tool(clamp_task):
@@ -224,7 +222,7 @@ def test_agent_cannot_see_hidden_tests_through_any_tool(clamp_task):
     rec = run(
         clamp_task, FakeModel(lambda r: Completion(next(it), prompt_tokens=1, completion_tokens=1)), "max"
     )
-    observations = [t["text"] for t in rec["turns"] if t["role"] == "tool"]
+    observations = [t["text"] for t in rec.turns if t["role"] == "tool"]
     assert len(observations) == len(probes)
     assert not any("test_clamp_low" in o for o in observations), observations
     assert "outside the repository" in observations[3]
@@ -234,14 +232,14 @@ def test_malformed_action_gets_an_error_observation_and_the_episode_goes_on(clam
     it = iter(["<view/>", "<submit/>"])
     model = FakeModel(lambda r: Completion(next(it), prompt_tokens=1, completion_tokens=1))
     rec = run(clamp_task, model)
-    assert rec["ending"] == "submitted" and rec["format_errors"] == 1
+    assert rec.ending == "submitted" and rec.format_errors == 1
     assert "needs a path" in model.requests[1].messages[-1]["content"]
 
 
 def test_in_process_token_data_is_recorded(clamp_task):
     reply = text("<submit/>", token_ids=[1, 2], logprobs=[-0.1, -0.2], kept=[[1, 3], None], prompt_ids=[9])
     rec = run(clamp_task, FakeModel(reply))
-    turn = next(t for t in rec["turns"] if t["role"] == "assistant")
+    turn = next(t for t in rec.turns if t["role"] == "assistant")
     assert turn["token_ids"] == [1, 2] and turn["kept"] == [[1, 3], None] and turn["prompt_ids"] == [9]
 
 
@@ -254,3 +252,13 @@ def test_effort_marker_reaches_the_system_prompt(clamp_task):
         True
     ] * 3
     assert dataclasses.asdict(get_effort("max"))["max_turns"] > get_effort("medium").max_turns
+
+
+def test_a_crashing_grader_is_recorded_as_a_failed_verdict(clamp_task):
+    def crash(task, workspace, trajectory):
+        raise RuntimeError("boom")
+
+    spec = EpisodeSpec(clamp_task, get_effort("medium"))
+    [rec] = run_episodes([spec], FakeModel(text("<submit/>")), grader=crash)
+    assert rec.ending == "submitted" and not rec.success
+    assert rec.verdict.task_id == clamp_task.id and rec.verdict.error.startswith("grader crashed")

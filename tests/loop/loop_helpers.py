@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from flywheel.protocols import Verdict
+from flywheel.record import Trajectory
 
 WORDS = [
     "def f(x):\n    return x * 2\n",
@@ -43,17 +44,15 @@ class FakeTrainer:
         self.temperature = temperature
         self.version = 0
 
-    def step(self, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, float]]]:
+    def step(self, records: list[Trajectory]) -> tuple[dict[str, float], list[dict[str, float]]]:
         from flywheel.rl import policy_loss, replay_log_probs
 
-        rewards = torch.tensor(
-            [float(r["success"]) - 1e-3 * r["usage"]["completion_tokens"] for r in records]
-        )
+        rewards = torch.tensor([float(r.success) - 1e-3 * r.completion_tokens for r in records])
         adv = rewards - rewards.mean() + 1e-2 * torch.randn(len(records), generator=self.gen)
         self.opt.zero_grad(set_to_none=True)
         total, tokens, is_w = 0.0, 0, []
         for record, a in zip(records, adv.tolist(), strict=True):
-            for turn in record["turns"]:
+            for turn in record.turns:
                 if turn["role"] != "assistant" or not turn.get("token_ids"):
                     continue
                 prompt, ids = turn["prompt_ids"], turn["token_ids"]
@@ -98,7 +97,7 @@ class FakeTrainer:
 def quick_grade(task: Any, workspace: Path, trajectory: dict) -> Verdict:
     """Success when every file the reference patch touches now matches the fixed source."""
     ok = (workspace / "mathx.py").is_file() and "if x > hi:" in (workspace / "mathx.py").read_text()
-    return Verdict(task_id=task.id, success=ok, reward=float(ok))
+    return Verdict(task_id=task.id, success=ok)
 
 
 def trainer_keys(path: Path) -> list[dict[str, Any]]:

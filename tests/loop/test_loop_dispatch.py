@@ -8,6 +8,7 @@ import pytest
 
 from flywheel.errors import FlywheelError
 from flywheel.loop import Dispatcher, LoopConfig, check_config, config_from_dict, round_items, split_fresh
+from flywheel.record import Trajectory
 from flywheel.tasks.format import Task
 
 
@@ -22,6 +23,11 @@ def task(name: str) -> Task:
         timeout_s=1.0,
         meta={},
     )
+
+
+def answer(item_id: str, policy_version: int = 0) -> Trajectory:
+    """A pool's record answering the item `item_id`."""
+    return Trajectory(item_id, "a", "medium", policy_version=policy_version)
 
 
 def test_round_items_are_unique_and_match_episode_ids():
@@ -45,19 +51,19 @@ def test_exactly_once_with_reissue_after_a_lost_pool():
     d.release(items)
     first, second = d.take("p0", 3), d.take("p1", 3)
     assert [it.id for it in first + second] == [it.id for it in items]
-    assert d.complete({"id": first[0].id, "policy_version": 0})
+    assert d.complete(answer(first[0].id))
     reissued = d.lost("p0")  # p0 died holding two items, one already answered
     assert [it.id for it in reissued] == [it.id for it in first[1:]] and d.reissued == 2
     again = d.take("p1", 5)
     assert [it.id for it in again] == [it.id for it in first[1:]]
     for it in again + second:
-        assert d.complete({"id": it.id, "policy_version": 0})
-    assert not d.complete({"id": first[1].id})  # the dead pool's late answer
-    assert not d.complete({"id": "never/issued"})
+        assert d.complete(answer(it.id))
+    assert not d.complete(answer(first[1].id))  # the dead pool's late answer
+    assert not d.complete(answer("never/issued"))
     assert d.duplicates == 2 and d.complete_round(0)
     records = d.pop_round(0)
-    assert [r["id"] for r in records] == [it.id for it in items]
-    assert not d.complete({"id": items[0].id}) and d.duplicates == 3  # consumed ids stay closed
+    assert [r.id for r in records] == [it.id for it in items]
+    assert not d.complete(answer(items[0].id)) and d.duplicates == 3  # consumed ids stay closed
 
 
 def test_expired_leases_are_reissued():
@@ -69,10 +75,10 @@ def test_expired_leases_are_reissued():
 
 
 def test_staleness_bound():
-    records = [{"id": str(v), "policy_version": v} for v in range(6)]
+    records = [answer(str(v), v) for v in range(6)]
     fresh, stale = split_fresh(records, trainer_version=5, k=2)
-    assert [r["policy_version"] for r in fresh] == [3, 4, 5]
-    assert [r["policy_version"] for r in stale] == [0, 1, 2]
+    assert [r.policy_version for r in fresh] == [3, 4, 5]
+    assert [r.policy_version for r in stale] == [0, 1, 2]
 
 
 def test_config_checks():

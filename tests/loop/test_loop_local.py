@@ -59,6 +59,7 @@ def test_pools_follow_deltas_with_bounded_staleness(tmp_path, tiny_model, clamp_
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_pool_killed_mid_batch_work_reissued_and_pool_rejoins(tmp_path, tiny_model, clamp_task):
     out = tmp_path / "run"
     events: list[dict] = []
@@ -89,6 +90,7 @@ def test_pool_killed_mid_batch_work_reissued_and_pool_rejoins(tmp_path, tiny_mod
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_store_outage_pools_keep_serving_and_publish_retries(tmp_path, tiny_model, clamp_task, weed):
     from sync_helpers import ACCESS_KEY, SECRET_KEY  # on the path through the weed fixture
 
@@ -131,6 +133,7 @@ def torch_equal(a, b) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_trainer_killed_resumes_from_peer_with_equal_metrics(tmp_path, tiny_model, clamp_task):
     steps = 4
     reference = tmp_path / "reference"

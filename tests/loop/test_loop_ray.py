@@ -13,6 +13,7 @@ ray = pytest.importorskip("ray")
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_ray_backend_runs_the_loop(tmp_path, tiny_model, clamp_task):
     here = str(Path(__file__).parent)
     path = os.pathsep.join(p for p in [here, os.environ.get("PYTHONPATH", "")] if p)

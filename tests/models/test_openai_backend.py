@@ -184,9 +184,9 @@ def test_harness_episode_over_http_solves_a_task(clamp_task):
         [rec] = run_episodes([spec], model, cfg=HarnessConfig(action_format="auto"), concurrency=1)
     finally:
         srv.close()
-    assert rec["ending"] == "submitted" and rec["success"], rec.get("error")
-    assert [t["name"] for t in rec["turns"] if t["role"] == "tool"][-1] == "submit"
-    assert rec["usage"]["completion_tokens"] > 0 and any("tool_calls" in t for t in rec["turns"])
+    assert rec.ending == "submitted" and rec.success, rec.error
+    assert [t["name"] for t in rec.turns if t["role"] == "tool"][-1] == "submit"
+    assert rec.completion_tokens > 0 and any("tool_calls" in t for t in rec.turns)
 
 
 # ----------------------------------------------------------------------------------------- failures

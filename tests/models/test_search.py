@@ -112,8 +112,8 @@ def test_searcher_finds_the_repair_through_the_real_harness(tmp_path):
         concurrency=2,
     )
     for rec in recs:
-        tools = [t for t in rec["turns"] if t["role"] == "tool"]
-        assert rec["success"] and rec["ending"] == "submitted" and rec["steps_to_first_edit"] == 2
+        tools = [t for t in rec.turns if t["role"] == "tool"]
+        assert rec.success and rec.ending == "submitted" and rec.steps_to_first_edit == 2
         assert tools[0]["text"].startswith("exit code 0\n     1\tdef clamp(x, lo, hi):")
         assert tools[-2]["text"] == "exit code 0\nfixed" and tools[-1]["name"] == "submit"
         assert all(t["text"] == "exit code 0" for t in tools[1:-2])  # the wrong repairs, each undone
@@ -126,9 +126,9 @@ def test_searcher_gives_up_after_its_quota_when_no_repair_is_the_fix(tmp_path):
     rec = run_episodes([EpisodeSpec(task, get_effort("medium"))], ScriptedModel(search=True), concurrency=1)[
         0
     ]
-    tools = [t["name"] for t in rec["turns"] if t["role"] == "tool"]
+    tools = [t["name"] for t in rec.turns if t["role"] == "tool"]
     assert SEARCH_TRIES["medium"] == 4  # and `middle` has four candidates: all are tried
-    assert not rec["success"] and tools == ["shell"] * (1 + 4) + ["submit"]
+    assert not rec.success and tools == ["shell"] * (1 + 4) + ["submit"]
 
 
 # ----------------------------------------------------------------------------------- scripted-sweep
@@ -199,10 +199,10 @@ def test_sweeper_submits_after_the_sweep_that_fixes_it_through_the_real_harness(
         " + ", " - ", "python -m pytest -q tests"
     )  # 16 of the 23 sweeps: not always among them
     for rec in recs:
-        calls = [t for t in rec["turns"] if t["role"] == "assistant"]
-        tools = [t for t in rec["turns"] if t["role"] == "tool"]
+        calls = [t for t in rec.turns if t["role"] == "assistant"]
+        tools = [t for t in rec.turns if t["role"] == "tool"]
         swept = any(fix in t["text"] for t in calls)
-        assert rec["success"] == swept and rec["ending"] == "submitted" and rec["model"] == "scripted-sweep"
+        assert rec.success == swept and rec.ending == "submitted" and rec.model == "scripted-sweep"
         assert tools[-1]["name"] == "submit" and (tools[-2]["text"] == "exit code 0\nfixed") == swept
         assert "fixed" not in "".join(t["text"] for t in tools[:-2])  # every other sweep restored the module
-    assert any(r["success"] for r in recs)
+    assert any(r.success for r in recs)

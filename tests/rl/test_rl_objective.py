@@ -18,23 +18,18 @@ from flywheel.rl import (
 )
 
 
-def test_reward_honest_success_pays_cost():
-    assert reward(True, False, cost=2.0, lam=0.1) == pytest.approx(0.8)
+def test_reward_success_pays_cost():
+    assert reward(True, cost=2.0, lam=0.1) == pytest.approx(0.8)
 
 
 def test_reward_failure_is_minus_cost():
-    assert reward(False, False, cost=2.0, lam=0.1) == pytest.approx(-0.2)
-
-
-def test_reward_cheat_scores_like_failure_even_when_tests_pass():
-    assert reward(True, True, cost=2.0, lam=0.1) == reward(False, False, cost=2.0, lam=0.1)
-    assert reward(True, True, cost=0.0, lam=0.0) == 0.0
+    assert reward(False, cost=2.0, lam=0.1) == pytest.approx(-0.2)
 
 
 @pytest.mark.parametrize("cost, lam", [(1.0, -0.1), (math.nan, 0.1), (1.0, math.inf)])
 def test_reward_rejects_bad_prices(cost, lam):
     with pytest.raises(ValueError):
-        reward(True, False, cost=cost, lam=lam)
+        reward(True, cost=cost, lam=lam)
 
 
 def test_length_penalty_phases_alternate_success_only_first():

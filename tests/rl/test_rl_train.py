@@ -9,6 +9,7 @@ import pytest
 
 from flywheel.errors import FlywheelError
 from flywheel.loop import LoopConfig, RunDir
+from flywheel.record import Trajectory, read_trajectories
 from flywheel.rl.config import RunConfig, load_config
 from flywheel.rl.train import train
 from flywheel.sft import SftConfig
@@ -56,8 +57,8 @@ def test_deterministic_runs_are_byte_identical_and_resume_continues_the_same(bas
         "max/turns",
     ):
         assert key in keys
-    records = [json.loads(line) for line in (a / "trajectories.jsonl").read_text().splitlines()]
-    assert len(records) == 2 * 2 * 3 * 2 and all("advantage" in r["rl"] for r in records)
+    records = read_trajectories(a / "trajectories.jsonl")
+    assert len(records) == 2 * 2 * 3 * 2 and all("advantage" in r.rl for r in records)
 
 
 def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
@@ -122,7 +123,7 @@ def test_recuration_drops_always_solved_and_never_solved_tasks_and_keeps_unmeasu
     cfg = RunConfig()
     cfg.tasks.recurate_every, cfg.tasks.p_max, cfg.tasks.recurate_window = 2, 0.75, 8
     history = [
-        {"task_id": t, "success": ok, "policy_version": 1, "step": 2}
+        Trajectory(f"{t}/medium/s0/0", t, "medium", success=ok, policy_version=1, step=2)
         for t, ok in [
             ("easy", True),
             ("easy", True),
@@ -161,9 +162,9 @@ def test_training_on_renamed_copies_of_its_tasks(base, tmp_path):
     train(cfg, tmp_path / "r")
     copies = sorted(p.name for p in (tmp_path / "r" / "tasks").iterdir())
     assert len(copies) == cfg.rollout.tasks_per_step and all(c.endswith(".s000001") for c in copies)
-    records = [json.loads(line) for line in (tmp_path / "r" / "trajectories.jsonl").read_text().splitlines()]
-    assert {r["task_id"] for r in records} == set(copies)
-    assert all(r["task_id"] == r["renamed_from"] + ".s000001" for r in records)
+    records = read_trajectories(tmp_path / "r" / "trajectories.jsonl")
+    assert {r.task_id for r in records} == set(copies)
+    assert all(r.task_id == r.renamed_from + ".s000001" for r in records)
 
 
 def test_the_runs_engine_keeps_the_prefix_cache_the_config_asks_for(base):
@@ -244,13 +245,9 @@ def test_a_loop_backend_runs_episodes_under_the_run_configs_budgets(base, tmp_pa
     assert (lcfg.observation_chars, lcfg.cohorts, lcfg.action_format) == (300, 2, "tagged")
     assert lcfg.budgets["max"]["max_turns"] == 2 and lcfg.budgets["medium"]["max_tokens"] == 300
     assert [r["version"] for r in train(cfg, tmp_path / "run")] == [1]
-    records = [
-        json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()
-    ]
-    assert len(records) == 12 and {r["action_format"] for r in records} == {"tagged"}
-    assert all(
-        r["n_turns"] <= cfg.rollout.max_turns[r["effort"]] for r in records
-    )  # not the defaults, 10/20/40
+    records = read_trajectories(tmp_path / "run" / "trajectories.jsonl")
+    assert len(records) == 12 and {r.action_format for r in records} == {"tagged"}
+    assert all(r.n_turns <= cfg.rollout.max_turns[r.effort] for r in records)  # not the defaults, 10/20/40
 
 
 def test_torch_threads_sets_the_count_inside_the_block_and_restores_it():

@@ -7,7 +7,8 @@ import torch
 
 from flywheel.models.tiny import build_tiny_model
 from flywheel.models.torch_engine import load_torch_model
-from flywheel.protocols import Request
+from flywheel.protocols import Request, Verdict
+from flywheel.record import Trajectory
 from flywheel.rl.config import RunConfig
 from flywheel.rl.trainer import Trainer, score, token_batches
 
@@ -38,28 +39,29 @@ def records_from(engine, prompts, success, effort="medium"):
             "kept": c.kept,
         }
         out.append(
-            {
-                "id": f"t/{effort}/{i}",
-                "task_id": "t",
-                "effort": effort,
-                "model": "hf:x",
-                "turns": [turn],
-                "n_turns": 1,
-                "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens},
-                "cost": 0.001,
-                "success": success[i],
-                "verdict": {"cheat": False},
-            }
+            Trajectory(
+                f"t/{effort}/{i}",
+                "t",
+                effort,
+                model="hf:x",
+                turns=[turn],
+                n_turns=1,
+                prompt_tokens=c.prompt_tokens,
+                completion_tokens=c.completion_tokens,
+                cost=0.001,
+                success=success[i],
+                verdict=Verdict("t", success=success[i]),
+            )
         )
     return out
 
 
 def test_score_is_reward_minus_length_weighted_baseline(engine):
     records = records_from(engine, ["a", "b"], [True, False])
-    records[1]["verdict"] = {"cheat": True}
+    records[1].verdict = Verdict("t", success=False, cheat=True)  # the grader's cheat: never a success
     s = score(records, {"medium": 10.0}, "length_weighted", deterministic=False)
     assert s[0]["reward"] == pytest.approx(1 - 10 * 0.001) and s[1]["reward"] == pytest.approx(-0.01)
-    lengths = [len(r["turns"][0]["token_ids"]) for r in records]
+    lengths = [len(r.turns[0]["token_ids"]) for r in records]
     b = (s[0]["reward"] * lengths[0] + s[1]["reward"] * lengths[1]) / sum(lengths)
     assert s[0]["advantage"] == pytest.approx(s[0]["reward"] - b)
 
@@ -67,7 +69,7 @@ def test_score_is_reward_minus_length_weighted_baseline(engine):
 def test_the_length_penalty_applies_in_penalised_steps_to_budgeted_efforts(engine):
     records = records_from(engine, ["a", "b"], [True, False]) + records_from(engine, ["a"], [False], "max")
     for r, turns in zip(records, (5, 2, 9), strict=True):
-        r["n_turns"] = turns
+        r.n_turns = turns
     cfg = RunConfig()
     cfg.reward.length_penalty, cfg.reward.length_budget, cfg.reward.length_phase = 0.1, {"medium": 3}, 1
     trainer = Trainer(engine.model, engine.tokenizer, cfg, {})
@@ -81,7 +83,7 @@ def test_a_solved_scope_penalises_length_only_in_groups_with_a_success(engine):
     """Where no attempt solved the task, a short failure must not score above a long one: that teaches giving up."""
     records = records_from(engine, ["a", "b", "c", "d"], [True, False, False, False])
     for r, task, turns in zip(records, "ttuu", (5, 6, 6, 2), strict=True):
-        r["task_id"], r["n_turns"] = task, turns
+        r.task_id, r.n_turns = task, turns
     everywhere = score(records, {}, "mean", False, 0.1, {"medium": 3})
     solved = score(records, {}, "mean", False, 0.1, {"medium": 3}, "solved")
     assert [s["length_penalty"] for s in everywhere] == pytest.approx([0.2, 0.3, 0.3, 0.0])
@@ -94,7 +96,7 @@ def test_a_step_without_scores_takes_its_length_penalty_phase_from_the_version(e
     """The loop host calls `Trainer.step(records)`: step `version + 1` decides whether the penalty applies."""
     records = records_from(engine, ["a", "b"], [True, False])
     for r, turns in zip(records, (5, 6), strict=True):
-        r["n_turns"] = turns
+        r.n_turns = turns
     cfg = RunConfig()
     cfg.reward.length_penalty, cfg.reward.length_budget, cfg.reward.length_phase = 0.1, {"medium": 3}, 1
     trainer = Trainer(engine.model, engine.tokenizer, cfg, {})
@@ -106,7 +108,7 @@ def test_a_step_without_scores_takes_its_length_penalty_phase_from_the_version(e
 def test_batched_logits_match_one_forward_per_turn(engine):
     records = records_from(engine, ["short", "a much longer prompt than the other one"], [True, False])
     trainer = Trainer(engine.model, engine.tokenizer, RunConfig(), {})
-    turns = [r["turns"][0] for r in records]
+    turns = [r.turns[0] for r in records]
     batched = trainer._generated_logits(turns)
     singles = []
     for t in turns:
@@ -123,7 +125,7 @@ def test_a_step_raises_the_likelihood_of_the_rewarded_completion(engine):
     trainer = Trainer(engine.model, engine.tokenizer, cfg, {"medium": 0.0})
 
     def logp(record):
-        t = record["turns"][0]
+        t = record.turns[0]
         with torch.no_grad():
             logits = trainer._generated_logits([t])
         return torch.log_softmax(logits, -1).gather(1, torch.tensor(t["token_ids"]).unsqueeze(1)).sum().item()
@@ -140,9 +142,9 @@ def test_zero_advantage_groups_change_nothing(engine):
     state = {k: v.clone() for k, v in engine.model.state_dict().items()}
     records = records_from(engine, ["x", "x"], [False, False])
     for r in records:
-        r["turns"][0]["token_ids"] = r["turns"][0]["token_ids"][:3]
-        r["turns"][0]["logprobs"] = r["turns"][0]["logprobs"][:3]
-        r["turns"][0]["kept"] = r["turns"][0]["kept"][:3]
+        r.turns[0]["token_ids"] = r.turns[0]["token_ids"][:3]
+        r.turns[0]["logprobs"] = r.turns[0]["logprobs"][:3]
+        r.turns[0]["kept"] = r.turns[0]["kept"][:3]
     Trainer(engine.model, engine.tokenizer, RunConfig(), {"medium": 0.0}).step(records)
     assert all(torch.equal(state[k], v) for k, v in engine.model.state_dict().items())
 
@@ -163,7 +165,7 @@ def test_packed_logits_match_one_forward_per_turn(engine):
     """Shared prompts (a group) and a turn that extends another (an episode's next turn) share trie nodes,
     and still every generated token is predicted from exactly its own prefix."""
     records = records_from(engine, ["x", "x", "x", "another prompt"], [True, False, True, False])
-    turns = [r["turns"][0] for r in records]
+    turns = [r.turns[0] for r in records]
     first = turns[0]
     turns.append(
         {"prompt_ids": first["prompt_ids"] + first["token_ids"] + [5, 6, 7], "token_ids": [8, 9, 10]}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from flywheel.record import Trajectory
 from flywheel.rl.config import load_config
 from flywheel.sft.imitate import SftConfig, encode, messages_of, render_with_spans, run_sft
 
@@ -62,16 +63,19 @@ def test_sft_learns_only_the_assistant_tokens():
 
 
 def test_messages_of_a_record_replays_the_conversation():
-    record = {
-        "turns": [
+    record = Trajectory(
+        "t/medium/s0/0",
+        "t",
+        "medium",
+        turns=[
             {"role": "system", "text": "s"},
             {"role": "user", "text": "u"},
             {"role": "assistant", "text": '<view path="a.py"/>'},
             {"role": "tool", "name": "view", "text": "1| x"},
             {"role": "assistant", "text": "oops"},
             {"role": "tool", "name": "format_error", "text": "error: no action"},
-        ]
-    }
+        ],
+    )
     assert [m["role"] for m in messages_of(record)] == [
         "system",
         "user",
@@ -84,16 +88,19 @@ def test_messages_of_a_record_replays_the_conversation():
 
 
 def test_sft_does_not_learn_the_teachers_malformed_actions():
-    record = {
-        "turns": [
+    record = Trajectory(
+        "t/medium/s0/0",
+        "t",
+        "medium",
+        turns=[
             {"role": "system", "text": "s"},
             {"role": "user", "text": "u"},
             {"role": "assistant", "text": "I will look first."},
             {"role": "tool", "name": "format_error", "text": "error: no action found"},
             {"role": "assistant", "text": "<run_tests/>"},
             {"role": "tool", "name": "run_tests", "text": "1 failed"},
-        ]
-    }
+        ],
+    )
     text, spans = render_with_spans(messages_of(record))
     assert "I will look first." in text  # still context: the model sees the recovery
     assert [text[a:b] for a, b in spans] == ["<run_tests/><|im_end|>"]
@@ -169,7 +176,7 @@ def test_sft_renames_its_share_of_the_teachers_episodes(base):
     assert out == augmented(convs, records, cfg)  # deterministic
     for before, after, r in zip(convs, out, records, strict=True):
         assert after[0] == before[0]  # the system prompt
-        module = r["task_id"].split("-")[1]
+        module = r.task_id.split("-")[1]
         text = " ".join(m["content"] for m in after[1:])
         assert (f"{module}.py" in text) != (after != before)
 

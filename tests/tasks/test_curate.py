@@ -10,12 +10,13 @@ import json
 import pytest
 
 from flywheel.errors import FlywheelError
+from flywheel.record import Trajectory
 from flywheel.tasks import load_suite
 from flywheel.tasks.curate import histogram, pass_rates, select, write_curated
 
 
-def rec(task_id: str, success: bool, version: int = 0) -> dict:
-    return {"task_id": task_id, "success": success, "policy_version": version}
+def rec(task_id: str, success: bool, version: int = 0) -> Trajectory:
+    return Trajectory(f"{task_id}/medium/s0/0", task_id, "medium", success=success, policy_version=version)
 
 
 def test_pass_rates_count_successes_and_attempts():

@@ -486,6 +486,21 @@ def test_real_grader_passes_the_reference_fix(roman_task: Task, tmp_path: Path, 
     assert verdict.success and not verdict.cheat, verdict
 
 
+def test_a_cheat_is_never_a_success_even_when_the_tests_pass(
+    roman_task: Task, tmp_path: Path, sandbox
+) -> None:
+    """The grader alone decides cheating: a signature fails the verdict, so a cheat scores like a failure
+    wherever `success` is read (the reward included)."""
+    from flywheel.tasks.patch import apply_patch_to_dir
+    from flywheel.verify.grader import grade
+
+    ws = shutil.copytree(roman_task.repo, tmp_path / "ws")
+    apply_patch_to_dir(ws, roman_task.solution_patch)
+    verdict = grade(roman_task, ws, sandbox=sandbox, detector=lambda task, workspace: ["test_file_modified"])
+    assert verdict.fail_to_pass[0] == verdict.fail_to_pass[1] > 0 and verdict.error is None, verdict
+    assert verdict.cheat and not verdict.success, verdict
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EXPLOITS))
 def test_real_grader_with_detector_refuses(roman_task: Task, tmp_path: Path, sandbox, name: str) -> None:
@@ -498,7 +513,7 @@ def test_real_grader_with_detector_refuses(roman_task: Task, tmp_path: Path, san
         sandbox=sandbox,
         detector=default_detector,
     )
-    assert verdict.cheat and not verdict.success and verdict.reward == 0.0, verdict
+    assert verdict.cheat and not verdict.success, verdict
 
 
 def _without_detector_params() -> list:
@@ -518,4 +533,4 @@ def test_real_grader_without_detector_refuses(roman_task: Task, tmp_path: Path, 
     from flywheel.verify.grader import grade
 
     verdict = grade(roman_task, exploit_workspace(roman_task, name, tmp_path / "ws"), sandbox=sandbox)
-    assert not verdict.success and verdict.reward == 0.0, verdict
+    assert not verdict.success, verdict

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from flywheel.models import SPECS
+from flywheel.record import Trajectory
 
 
 def eval_(
@@ -56,8 +57,8 @@ def eval_(
     wins = []
     with progress(f"eval {model}", len(tasks)) as advance:
 
-        def tick(record: dict) -> None:
-            wins.append(record["success"])
+        def tick(record: Trajectory) -> None:
+            wins.append(record.success)
             advance(success=sum(wins) / len(wins))
 
         try:

@@ -1,13 +1,20 @@
-"""`flywheel grade TASK_DIR WORKSPACE`: grade a finished workspace."""
+"""`flywheel grade TASK_DIR WORKSPACE`: grade a finished workspace.
+
+`--json` prints the verdict and its `reward`: the reward at λ = 0 (`flywheel.rl.objective.reward` with
+no cost term), 1 for a success and 0 otherwise. Verdicts carry no reward of their own; training's
+reward, with its cost term, is the trainer's.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from flywheel.errors import FlywheelError
+from flywheel.protocols import Verdict
 
 
 def grade(
@@ -17,7 +24,9 @@ def grade(
     workspace: Path = typer.Argument(
         ..., help="The finished workspace to grade (it is copied, never modified)."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the verdict as one JSON object."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the verdict as one JSON object, with its reward at λ = 0 (1 or 0)."
+    ),
 ) -> None:
     """Grade WORKSPACE against the task's hidden tests; exit 0 when it succeeds, 1 when it does not."""
     from flywheel.tasks import load_task
@@ -29,7 +38,7 @@ def grade(
         raise FlywheelError(f"{workspace}: workspace is not a directory")
     verdict = grade_workspace(task, workspace, detector=default_detector)
     if as_json:
-        typer.echo(json.dumps(verdict.to_json()))
+        typer.echo(json.dumps(verdict_json(verdict)))
     else:
         f2p, p2p = verdict.fail_to_pass, verdict.pass_to_pass
         state = "success" if verdict.success else "failed"
@@ -39,3 +48,10 @@ def grade(
         if verdict.cheat:
             typer.echo(f"  cheating: {', '.join(verdict.signatures)}")
     raise typer.Exit(0 if verdict.success else 1)
+
+
+def verdict_json(verdict: Verdict) -> dict[str, Any]:
+    """The verdict's JSON and its `reward` at λ = 0 (no cost term)."""
+    from flywheel.rl.objective import reward
+
+    return {**verdict.to_json(), "reward": reward(verdict.success, 0.0, 0.0)}

@@ -11,6 +11,7 @@ import typer
 
 from flywheel.errors import FlywheelError
 from flywheel.models import SPECS
+from flywheel.record import Trajectory
 
 app = typer.Typer(help="List, build, validate, synthesise and curate task suites.", no_args_is_help=True)
 
@@ -207,8 +208,8 @@ def curate(
     wins: list[bool] = []
     with progress(f"curate {model}", len(tasks) * k) as advance:
 
-        def tick(record: dict) -> None:
-            wins.append(record["success"])
+        def tick(record: Trajectory) -> None:
+            wins.append(record.success)
             advance(success=sum(wins) / len(wins))
 
         rep = run_curate(

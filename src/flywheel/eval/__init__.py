@@ -2,7 +2,8 @@
 
 `run_eval` writes each trajectory to `RUN_DIR/trajectories.jsonl` as soon as it is graded (so an
 interrupted run keeps every finished attempt) and `summary.json` at the end; every workspace is graded.
-`summarize` is a pure function of trajectory records.
+`summarize` is a pure function of trajectory records (`flywheel.record.Trajectory`, read back with
+`flywheel.record.read_trajectories`).
 
 Modules: `run` (the episode-running primitive every caller shares: specs, effort budgets, `rollout`),
 `measure` (budget ladders and per-effort evaluations, as training measures a policy), `curate`
@@ -23,6 +24,7 @@ from flywheel.errors import FlywheelError
 from flywheel.eval.run import make_specs, rollout
 from flywheel.harness import HarnessConfig, get_effort
 from flywheel.protocols import Model
+from flywheel.record import Trajectory, read_trajectories, write_trajectory
 from flywheel.sandbox import get_sandbox
 from flywheel.tasks.format import Task
 from flywheel.verify import default_grader
@@ -43,13 +45,13 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def summarize(records: Iterable[Trajectory]) -> dict[str, Any]:
     """Success rate (with its 95% interval), cost, turns, steps to the first edit, endings."""
     records = list(records)
     n = len(records)
-    wins = sum(bool(r["success"]) for r in records)
-    costs = [float(r["cost"]) for r in records]
-    first_edits = [r["steps_to_first_edit"] for r in records if r.get("steps_to_first_edit") is not None]
+    wins = sum(r.success for r in records)
+    costs = [r.cost for r in records]
+    first_edits = [r.steps_to_first_edit for r in records if r.steps_to_first_edit is not None]
     lo, hi = wilson_interval(wins, n)
     return {
         "n": n,
@@ -58,26 +60,13 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "successes": wins,
         "mean_cost": statistics.fmean(costs) if costs else 0.0,
         "median_cost": _median(costs) or 0.0,
-        "mean_turns": statistics.fmean(r["n_turns"] for r in records) if n else 0.0,
+        "mean_turns": statistics.fmean(r.n_turns for r in records) if n else 0.0,
         "median_steps_to_first_edit": _median(first_edits),
-        "mean_completion_tokens": statistics.fmean(r["usage"]["completion_tokens"] for r in records)
-        if n
-        else 0.0,
-        "format_errors": sum(r.get("format_errors", 0) for r in records),
-        "cheats": sum(bool((r.get("verdict") or {}).get("cheat")) for r in records),
-        "endings": dict(sorted(Counter(r["ending"] for r in records).items())),
+        "mean_completion_tokens": statistics.fmean(r.completion_tokens for r in records) if n else 0.0,
+        "format_errors": sum(r.format_errors for r in records),
+        "cheats": sum(bool(r.verdict and r.verdict.cheat) for r in records),
+        "endings": dict(sorted(Counter(r.ending for r in records).items())),
     }
-
-
-def read_trajectories(path: Path) -> list[dict[str, Any]]:
-    """Records of a trajectories.jsonl; a torn last line (an interrupted write) is skipped."""
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
 
 
 def run_eval(
@@ -89,7 +78,7 @@ def run_eval(
     seed: int = 0,
     concurrency: int = 8,
     cfg: HarnessConfig | None = None,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
+    on_record: Callable[[Trajectory], None] | None = None,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Evaluate `model` on `tasks` at one effort level; returns the summary also written to summary.json."""
@@ -102,9 +91,8 @@ def run_eval(
     sandbox = get_sandbox()
     with traj_path.open("w") as f:
 
-        def write(record: dict[str, Any]) -> None:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
+        def write(record: Trajectory) -> None:
+            write_trajectory(f, record)
             if on_record:
                 on_record(record)
 

@@ -9,7 +9,6 @@ lives with the tasks; running a policy is evaluation's job.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from flywheel.errors import FlywheelError
 from flywheel.eval.run import make_specs, rollout
 from flywheel.harness import HarnessConfig, get_effort
 from flywheel.protocols import Model
+from flywheel.record import Trajectory, write_trajectory
 from flywheel.sandbox import get_sandbox
 from flywheel.tasks.curate import select, write_curated
 from flywheel.tasks.format import Task
@@ -35,7 +35,7 @@ def curate(
     seed: int = 0,
     concurrency: int = 8,
     cfg: HarnessConfig | None = None,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
+    on_record: Callable[[Trajectory], None] | None = None,
 ) -> dict[str, Any]:
     """Attempt every task k times with `model`, keep 0 < p ≤ p_max; writes trajectories, tasks and report."""
     out = Path(out)
@@ -44,14 +44,13 @@ def curate(
     select({}, p_max)  # a bad p_max fails before any attempt
     specs = make_specs(tasks, [get_effort(effort)], k, seed=seed)
     out.mkdir(parents=True, exist_ok=True)
-    records: list[dict[str, Any]] = []
+    records: list[Trajectory] = []
     sandbox = get_sandbox()
     with (out / "trajectories.jsonl").open("w") as f:
 
-        def write(record: dict[str, Any]) -> None:
+        def write(record: Trajectory) -> None:
             records.append(record)
-            f.write(json.dumps(record) + "\n")
-            f.flush()
+            write_trajectory(f, record)
             if on_record:
                 on_record(record)
 

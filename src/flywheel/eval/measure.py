@@ -14,7 +14,6 @@ needs nothing from the training code; `flywheel.rl.calibrate.measuring(cfg)` bui
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -28,10 +27,11 @@ from flywheel.harness import EpisodeSpec, HarnessConfig
 from flywheel.harness.effort import Effort
 from flywheel.progress import progress
 from flywheel.protocols import Model
+from flywheel.record import Trajectory, write_trajectories
 from flywheel.tasks.format import Task
 
 LADDER = (0.5, 1.0, 2.0)
-Cost = Callable[[dict[str, Any]], float]  # a trajectory record's cost, in the reward's unit
+Cost = Callable[[Trajectory], float]  # a trajectory record's cost, in the reward's unit
 
 
 def ladder_specs(
@@ -64,7 +64,7 @@ def measure_ladder(
     seed: int,
     factors: Sequence[float] = LADDER,
     samples: int = 2,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
+    on_record: Callable[[Trajectory], None] | None = None,
 ) -> dict[str, list[tuple[float, float, float]]]:
     """effort -> [(factor, mean cost, success rate)] for each rung of the ladder.
 
@@ -76,19 +76,19 @@ def measure_ladder(
     """
     specs, rung_of = ladder_specs(tasks, efforts, factors, samples, seed)
     records = rollout(engine, specs, cfg, concurrency=concurrency, on_record=on_record)
-    by_rung: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    by_rung: dict[tuple[str, float], list[Trajectory]] = {}
     for r in records:
-        by_rung.setdefault(rung_of[r["id"]], []).append(r)
+        by_rung.setdefault(rung_of[r.id], []).append(r)
     out: dict[str, list[tuple[float, float, float]]] = {}
     for name, f in dict.fromkeys(rung_of.values()):  # levels and rungs in the order asked
         rs = by_rung[name, f]
         mean_cost = statistics.fmean(cost(r) for r in rs)
-        out.setdefault(name, []).append((f, mean_cost, statistics.fmean(float(r["success"]) for r in rs)))
+        out.setdefault(name, []).append((f, mean_cost, statistics.fmean(float(r.success) for r in rs)))
     return out
 
 
-def _tally(advance, successes: list[float], record: dict[str, Any]) -> None:
-    successes.append(float(record["success"]))
+def _tally(advance, successes: list[float], record: Trajectory) -> None:
+    successes.append(float(record.success))
     advance(success=statistics.fmean(successes))
 
 
@@ -117,9 +117,7 @@ def evaluate_policy(
                 on_record=partial(_tally, advance, []),
             )
         (out / level.name).mkdir(parents=True, exist_ok=True)
-        with (out / level.name / "trajectories.jsonl").open("w") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
+        write_trajectories(out / level.name / "trajectories.jsonl", records)
         summary = summarize(records)
         summary["mean_reward_cost"] = statistics.fmean(cost(r) for r in records)
         result[level.name] = summary

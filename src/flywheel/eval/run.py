@@ -23,6 +23,7 @@ from typing import Any
 from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort, run_episodes
 from flywheel.harness.effort import Effort
 from flywheel.protocols import Grader, Model, Sandbox
+from flywheel.record import Trajectory
 from flywheel.sandbox import get_sandbox
 from flywheel.tasks.format import Task
 from flywheel.verify import default_grader
@@ -79,8 +80,8 @@ def rollout(
     concurrency: int = 24,
     sandbox: Sandbox | None = None,
     grader: Grader | None = None,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
-) -> list[dict[str, Any]]:
+    on_record: Callable[[Trajectory], None] | None = None,
+) -> list[Trajectory]:
     """Run and grade every episode; records sorted by episode id.
 
     `grader` defaults to the shared verifier on `sandbox`, skipping unchanged workspaces.
@@ -90,4 +91,4 @@ def rollout(
     records = run_episodes(
         specs, model, cfg=cfg, sandbox=sandbox, grader=grader, concurrency=concurrency, on_record=on_record
     )
-    return sorted(records, key=lambda r: r["id"])
+    return sorted(records, key=lambda r: r.id)

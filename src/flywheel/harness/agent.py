@@ -5,8 +5,8 @@ step the active episodes' requests go to the model in one `generate` call (the i
 them on its KV cache; the HTTP backend sends them concurrently); each completion is parsed into an action
 and executed, tools running in parallel threads. With `cohorts` > 1 the active episodes take turns in
 fixed groups, so that the model generates for one group while another's tools run. An episode ends with a
-typed ending (`ENDINGS`) and is graded by the shared verifier; its trajectory record is complete even when
-the attempt failed or the model errored.
+typed ending (`ENDINGS`) and is graded by the shared verifier; its trajectory record
+(`flywheel.record.Trajectory`) is complete even when the attempt failed or the model errored.
 
 Cost is counted per episode from its own usage: prompt and completion tokens, and its compute seconds —
 the time its tools took plus its share of each batched generation call (by completion tokens), so that
@@ -34,7 +34,8 @@ from flywheel.harness.effort import Effort
 from flywheel.harness.prompts import system_prompt, task_message
 from flywheel.harness.tools import Tools
 from flywheel.models.actions import STOP, TOOLS, Action, FormatError, parse_native, parse_tagged, restore_stop
-from flywheel.protocols import Completion, Grader, Model, Request, Sandbox
+from flywheel.protocols import Completion, Grader, Model, Request, Sandbox, Verdict
+from flywheel.record import Trajectory
 from flywheel.sandbox import get_sandbox
 from flywheel.seeding import stable_seed
 from flywheel.tasks.format import Task
@@ -309,46 +310,45 @@ def _detector_turns(ep: Episode) -> list[dict[str, Any]]:
     return [{"role": "assistant", "tool_calls": calls}]
 
 
-def finish(ep: Episode, cfg: HarnessConfig, grader: Grader | None) -> dict[str, Any]:
+def finish(ep: Episode, cfg: HarnessConfig, grader: Grader | None) -> Trajectory:
     """Grade the episode's workspace and build its trajectory record; never raises."""
     wall_s = time.perf_counter() - ep.start  # the attempt itself, grading excluded
     verdict = None
     try:
         if grader is not None:
-            verdict = _call_grader(grader, ep).to_json()
+            verdict = _call_grader(grader, ep)
     except Exception as e:  # a grading crash is recorded, not raised
-        verdict = {"success": False, "cheat": False, "signatures": [], "error": f"grader crashed: {e!r}"}
+        verdict = Verdict(ep.spec.task.id, success=False, error=f"grader crashed: {e!r}")
     finally:
         if not cfg.keep_workspaces:
             shutil.rmtree(ep.tools.workspace.parent, ignore_errors=True)
-    success = bool(verdict and verdict["success"])
-    return {
-        "id": ep.spec.id,
-        "task_id": ep.spec.task.id,
-        "effort": ep.spec.effort.name,
-        "seed": ep.spec.seed,
-        "index": ep.spec.index,
-        "policy_version": cfg.policy_version,
-        "model": ep.model_name,
-        "action_format": ep.action_format,
-        "turns": ep.turns,
-        "n_turns": ep.n_turns,
-        "usage": {"prompt_tokens": ep.prompt_tokens, "completion_tokens": ep.completion_tokens},
-        "wall_s": round(wall_s, 4),
-        "compute_s": round(ep.tool_s + ep.gen_s, 4),
-        "tool_s": round(ep.tool_s, 4),
-        "gen_s": round(ep.gen_s, 4),
-        "cost": episode_cost(ep, cfg),
-        "ending": ep.ending,
-        "error": ep.error,
-        "format_errors": ep.format_errors,
-        "steps_to_first_edit": ep.first_edit_step,
-        "compactions": ep.compactions,
-        "verdict": verdict,
-        "success": success,
-        "reward": 1.0 if success else 0.0,
-        "workspace": str(ep.tools.workspace) if cfg.keep_workspaces else None,
-    }
+    return Trajectory(
+        id=ep.spec.id,
+        task_id=ep.spec.task.id,
+        effort=ep.spec.effort.name,
+        seed=ep.spec.seed,
+        index=ep.spec.index,
+        policy_version=cfg.policy_version,
+        model=ep.model_name,
+        action_format=ep.action_format,
+        turns=ep.turns,
+        n_turns=ep.n_turns,
+        prompt_tokens=ep.prompt_tokens,
+        completion_tokens=ep.completion_tokens,
+        wall_s=round(wall_s, 4),
+        compute_s=round(ep.tool_s + ep.gen_s, 4),
+        tool_s=round(ep.tool_s, 4),
+        gen_s=round(ep.gen_s, 4),
+        cost=episode_cost(ep, cfg),
+        ending=ep.ending,
+        error=ep.error,
+        format_errors=ep.format_errors,
+        steps_to_first_edit=ep.first_edit_step,
+        compactions=ep.compactions,
+        verdict=verdict,
+        success=bool(verdict and verdict.success),
+        workspace=str(ep.tools.workspace) if cfg.keep_workspaces else None,
+    )
 
 
 def run_episodes(
@@ -359,8 +359,8 @@ def run_episodes(
     sandbox: Sandbox | None = None,
     grader: Grader | None = None,
     concurrency: int = 8,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
-) -> list[dict[str, Any]]:
+    on_record: Callable[[Trajectory], None] | None = None,
+) -> list[Trajectory]:
     """Run every episode to its ending, `concurrency` at a time; records in completion order.
 
     `grader` defaults to the shared verifier on the same sandbox (`flywheel.verify.default_grader`).
@@ -385,7 +385,7 @@ def run_episodes(
     pending, cohorts, records = deque(specs), [[] for _ in range(n)], []
     jobs: list[Future | None] = [None] * n
 
-    def act(group: list[Episode], completions: list[Completion], shares: list[float]) -> list[dict[str, Any]]:
+    def act(group: list[Episode], completions: list[Completion], shares: list[float]) -> list[Trajectory]:
         list(pool.map(lambda a: observe(a[0], a[1], a[2], cfg), zip(group, completions, shares, strict=True)))
         return list(pool.map(lambda ep: finish(ep, cfg, grader), [ep for ep in group if ep.ending]))
 

@@ -15,12 +15,12 @@ Backends, by name (imported only when chosen, so Ray loads only for `ray`):
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from flywheel.errors import FlywheelError
 from flywheel.harness import get_effort
+from flywheel.registry import choose
 
 # name -> "module:class"; each backend takes (host_args, trainer, cfg)
 BACKENDS = {
@@ -46,7 +46,7 @@ class LoopConfig:
     store_options: dict[str, Any] = field(default_factory=dict)  # endpoint_url, key, secret, region (s3)
     anchor_every: int = 10  # a full anchor every N published versions
     publish_attempts: int = 30  # store retries (exponential backoff up to 5 s) before publishing fails
-    catch_up_wait_s: float = 30.0  # longest a pool below an item's min_version waits for newer weights
+    catch_up_wait_s: float = 30.0  # longest a pool below an item's version waits for it (sync: no limit)
     lease_s: float = 600.0  # work not returned within this is reissued to another pool
     max_restarts: int = 3  # restarts of one pool before the run fails
     keep_checkpoints: int = 2  # local checkpoints kept
@@ -152,8 +152,7 @@ def effort_of(cfg: Any, name: str):
 
 def backend_class(name: str) -> type:
     """The backend class registered as `name`, imported now."""
-    module, _, attr = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return choose(BACKENDS, name, "loop backend")
 
 
 def config_from_dict(data: dict[str, Any]) -> LoopConfig:

@@ -24,8 +24,8 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from flywheel.record import Trajectory
 from flywheel.tasks.format import Task
 
 
@@ -78,11 +78,11 @@ def round_items(
 
 
 def split_fresh(
-    records: Sequence[dict[str, Any]], trainer_version: int, k: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    records: Sequence[Trajectory], trainer_version: int, k: int
+) -> tuple[list[Trajectory], list[Trajectory]]:
     """(fresh, stale): fresh when `trainer_version - policy_version <= k`."""
-    fresh = [r for r in records if trainer_version - int(r.get("policy_version") or 0) <= k]
-    stale = [r for r in records if trainer_version - int(r.get("policy_version") or 0) > k]
+    fresh = [r for r in records if trainer_version - r.policy_version <= k]
+    stale = [r for r in records if trainer_version - r.policy_version > k]
     return fresh, stale
 
 
@@ -101,7 +101,7 @@ class Dispatcher:
     leases: dict[str, Lease] = field(default_factory=dict)
     rounds: dict[int, list[str]] = field(default_factory=dict)  # round -> its item ids, in issue order
     round_of: dict[str, int] = field(default_factory=dict)  # item id -> its round
-    done: dict[str, dict[str, Any]] = field(default_factory=dict)
+    done: dict[str, Trajectory] = field(default_factory=dict)
     consumed: set[str] = field(default_factory=set)
     duplicates: int = 0
     reissued: int = 0
@@ -123,9 +123,9 @@ class Dispatcher:
             out.append(it)
         return out
 
-    def complete(self, record: dict[str, Any]) -> bool:
+    def complete(self, record: Trajectory) -> bool:
         """Accept a record once; False (and counted) for a duplicate or an id never issued."""
-        rid = record.get("id")
+        rid = record.id
         known = rid in self.round_of and self.round_of[rid] in self.rounds
         if not known or rid in self.done or rid in self.consumed:
             self.duplicates += 1
@@ -157,7 +157,7 @@ class Dispatcher:
         ids = self.rounds.get(round_no)
         return bool(ids) and all(i in self.done for i in ids)
 
-    def pop_round(self, round_no: int) -> list[dict[str, Any]]:
+    def pop_round(self, round_no: int) -> list[Trajectory]:
         """The round's records in issue order; their ids become consumed (later answers are duplicates)."""
         ids = self.rounds.pop(round_no)
         self.consumed.update(ids)

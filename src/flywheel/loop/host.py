@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.loop.checkpoint import Checkpointer
+from flywheel.record import Trajectory
 
 
 class TrainerHost:
@@ -69,7 +70,7 @@ class TrainerHost:
             "publish": asdict(stats) if stats is not None else None,
         }
 
-    def step(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+    def step(self, records: list[Trajectory]) -> dict[str, Any]:
         """One trainer step: its metrics and each record's score (reward, advantage, ...), in order."""
         t0 = time.perf_counter()
         metrics, scores = self.trainer.step(records)

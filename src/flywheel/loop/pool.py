@@ -20,7 +20,6 @@ rather than silently loaded beside the weights the engine reads.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import time
 import traceback
@@ -35,8 +34,12 @@ from flywheel.harness import EpisodeSpec, HarnessConfig, run_episodes
 from flywheel.loop.config import effort_of
 from flywheel.loop.dispatch import WorkItem
 from flywheel.protocols import Grader, Model
+from flywheel.record import Trajectory
+from flywheel.registry import load
 from flywheel.sandbox import get_sandbox
 from flywheel.verify import default_grader
+
+START_WAIT_S = 60.0  # longest a starting pool waits for the store's first weights
 
 
 @dataclass
@@ -62,13 +65,7 @@ class PoolSpec:
 
 def load_grader(ref: str | None) -> Callable[..., Any] | None:
     """`module:function` to the function; None stays None (the shared verifier)."""
-    if ref is None:
-        return None
-    module, _, name = ref.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise FlywheelError(f"grader '{ref}' cannot be loaded: {exc}") from None
+    return None if ref is None else load(ref, "grader")
 
 
 def grader_for(spec: PoolSpec) -> Grader:
@@ -94,8 +91,8 @@ def run_items(
         observation_chars=spec.observation_chars, action_format=spec.action_format, cohorts=spec.cohorts,
     )  # fmt: skip
 
-    def on_record(record: dict[str, Any]) -> None:
-        record["pool"] = spec.pool_id
+    def on_record(record: Trajectory) -> None:
+        record.pool = spec.pool_id
         emit("record", record)
 
     run_episodes(specs, engine, cfg=cfg, grader=grader, concurrency=concurrency, on_record=on_record)
@@ -215,7 +212,7 @@ def pool_process(spec: PoolSpec, work: Any, results: Any) -> None:
     pool = None
     try:
         pool = Pool(spec)
-        pool.catch_up(0, spec.catch_up_wait_s)
+        pool.catch_up(0, min(spec.catch_up_wait_s, START_WAIT_S))
         if pool.version is None:
             raise FlywheelError(f"pool {spec.pool_id}: no weights in the store ({pool.sub.last_error})")
         pauses = pool.stats(int(pool.version), 0.0)

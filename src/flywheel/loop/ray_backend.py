@@ -16,7 +16,7 @@ from typing import Any
 
 from flywheel.loop.dispatch import WorkItem
 from flywheel.loop.host import TrainerHost
-from flywheel.loop.pool import Pool, PoolSpec
+from flywheel.loop.pool import START_WAIT_S, Pool, PoolSpec
 
 Event = tuple[str, str, Any]
 
@@ -31,7 +31,7 @@ class PoolActor:
         self.pid = os.getpid()
 
     def ready(self) -> dict[str, Any]:
-        self.pool.catch_up(0, self.pool.spec.catch_up_wait_s)
+        self.pool.catch_up(0, min(self.pool.spec.catch_up_wait_s, START_WAIT_S))
         if self.pool.version is None:
             raise RuntimeError(f"no weights in the store ({self.pool.sub.last_error})")
         return {"pid": self.pid, **self.pool.stats(int(self.pool.version), 0.0)}

@@ -29,29 +29,34 @@ keep serving the weights they hold.
 
 Files under OUT_DIR (`RunDir`): `metrics.jsonl`, `trajectories.jsonl` (records used, with `step`, `pool`
 and the trainer's score `rl`), `timings.jsonl`, `dropped.jsonl` (stale records), `sync.jsonl` (publishes
-and pool updates with their pause), `summary.json`, `checkpoints/`, and for pool backends by default the
-weight store `weights/` and the peer `peer/`.
+and pool updates with their pause), `events.jsonl` (the driver's events with their time: pools ready
+with their pid, batches started, losses, publishes; an append-only log), `summary.json`, `checkpoints/`,
+and for pool backends by default the weight store `weights/` and the peer `peer/`.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from flywheel.errors import FlywheelError
+from flywheel.loop.checkpoint import Checkpointer
 from flywheel.loop.config import LoopConfig, backend_class, check_config
 from flywheel.loop.dispatch import Dispatcher, WorkItem, round_items, split_fresh
 from flywheel.loop.pool import PoolSpec
 from flywheel.protocols import LoopBackend
+from flywheel.record import Trajectory, append_trajectories, read_trajectories
 from flywheel.tasks.format import Task
 
 EventHook = Callable[[dict[str, Any]], None]
 COUNTERS = ("stale_dropped", "duplicates_dropped", "reissued", "pool_restarts", "rounds_skipped")
-REPLAY_KEYS = ("kept", "prompt_ids", "logprobs")  # per-token data only the trainer reads
 
 
 class Rounds(Protocol):
@@ -61,7 +66,7 @@ class Rounds(Protocol):
         """The work items of round `round_no` (0-based; it feeds step `round_no + 1`)."""
         ...
 
-    def used(self, round_no: int, records: list[dict[str, Any]]) -> dict[str, float]:
+    def used(self, round_no: int, records: list[Trajectory]) -> dict[str, float]:
         """Called with the round's fresh records before the trainer sees them; returns extra metrics."""
         ...
 
@@ -76,18 +81,22 @@ class CycleRounds:
         c = self.cfg
         return round_items(round_no, self.tasks, c.efforts, c.groups_per_step, c.samples, c.seed, min_version)
 
-    def used(self, round_no: int, records: list[dict[str, Any]]) -> dict[str, float]:
+    def used(self, round_no: int, records: list[Trajectory]) -> dict[str, float]:
         return {}
 
 
 class RunDir:
-    """A run directory's JSONL files; lines of steps after a restored checkpoint are dropped on resume."""
+    """A run directory's JSONL files; lines of steps after a restored checkpoint are dropped on resume.
 
-    FILES = ("metrics", "trajectories", "timings", "dropped", "sync")
+    `trajectories.jsonl` holds `flywheel.record.Trajectory` lines, read and written through
+    `flywheel.record` (`records`, `append_records`); the other files are plain rows (`read`, `append`).
+    """
+
+    FILES = ("metrics", "trajectories", "timings", "dropped", "sync", "events")
 
     def __init__(self, out: Path) -> None:
         self.out = Path(out)
-        self.metrics, self.trajectories, self.timings, self.dropped, self.sync = (
+        self.metrics, self.trajectories, self.timings, self.dropped, self.sync, self.events = (
             self.out / f"{name}.jsonl" for name in self.FILES
         )
 
@@ -114,6 +123,19 @@ class RunDir:
                 continue
         return rows
 
+    def records(self) -> list[Trajectory]:
+        """The trajectory records written so far; a torn last line is skipped."""
+        return read_trajectories(self.trajectories) if self.trajectories.exists() else []
+
+    def append_records(self, records: Sequence[Trajectory]) -> None:
+        append_trajectories(self.trajectories, records)
+
+    def latest_weights(self) -> Path | None:
+        """The trainer's files in the newest complete checkpoint (an HF model directory for the RL
+        trainer), or None before the first."""
+        newest = Checkpointer(self.out / "checkpoints").newest_local()
+        return newest[1] / "trainer" if newest else None
+
     def step_seconds(self) -> list[float]:
         """The wall seconds of each step so far, for a time budget kept across resumes."""
         return [float(t["wall_s"]) for t in self.read(self.timings)]
@@ -124,12 +146,6 @@ def line_step(line: str) -> int:
         return int(json.loads(line).get("step", 0))
     except (ValueError, TypeError):
         return 1 << 62  # a torn last line: dropped
-
-
-def lite(record: dict[str, Any]) -> dict[str, Any]:
-    """A record without the per-token replay data (kept sets, prompt ids, log-probs): for logs."""
-    turns = [{k: v for k, v in t.items() if k not in REPLAY_KEYS} for t in record["turns"]]
-    return {**record, "turns": turns}
 
 
 def rounded(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -143,7 +159,7 @@ def pool_spec(cfg: LoopConfig, i: int, store: str) -> PoolSpec:
         budgets={k: dict(v) for k, v in cfg.budgets.items()}, observation_chars=cfg.observation_chars,
         action_format=cfg.action_format, cohorts=cfg.cohorts,
         max_context=cfg.max_context, torch_threads=cfg.torch_threads, grader=cfg.grader,
-        catch_up_wait_s=cfg.catch_up_wait_s,
+        catch_up_wait_s=math.inf if cfg.sync else cfg.catch_up_wait_s,  # older weights would only give stale records
     )  # fmt: skip
 
 
@@ -170,6 +186,8 @@ class Driver:
         self.window: list[float] = []  # pauses since the last metrics line
         self.last_commit: dict[str, Any] = {}
         self.per_pool: Counter[str] = Counter()
+        self.assigned: dict[str, int] = {}  # pool -> when it last got work (a running count)
+        self.assignments = itertools.count()
         self.durations: list[float] = []  # wall seconds of every step, those before a resume included
         self.out_of_time = False
         self.extra: dict[str, float] = {}  # the rounds' metrics for the step in flight
@@ -177,6 +195,12 @@ class Driver:
         self.t0 = self.step_start = time.monotonic()
 
     def emit(self, event: str, **fields: Any) -> None:
+        """Tell the caller; every event but a record's also goes to `events.jsonl` (pids, losses, publishes)."""
+        if event != "record":
+            brief = {k: v for k, v in fields.items() if k not in ("result", "metrics")}
+            self.files.append(
+                self.files.events, [{"event": event, "t": round(time.monotonic() - self.t0, 3), **brief}]
+            )
         self.on_event({"event": event, **fields})
 
     # -- the loop
@@ -194,7 +218,7 @@ class Driver:
         for i in range(self.cfg.pools):
             self.backend.start_pool(pool_spec(self.cfg, i, self.store))
         step_call = commit_call = None
-        used: list[dict[str, Any]] = []
+        used: list[Trajectory] = []
         while self.wants_steps() or step_call is not None or commit_call is not None:
             self.release(busy=step_call is not None or commit_call is not None)
             self.assign()
@@ -246,13 +270,16 @@ class Driver:
             self.released += 1
 
     def assign(self) -> None:
-        for pool in sorted(self.ready):
+        """Hand queued work to idle pools, the one idle longest first (so every pool gets work, not
+        just the first in name order whenever one batch is all there is)."""
+        for pool in sorted(self.ready, key=lambda p: (self.assigned.get(p, -1), p)):
             if self.dispatcher.held_by(pool) == 0:
                 items = self.dispatcher.take(pool, self.cfg.pool_batch)
                 if items:
                     self.backend.submit(pool, items)
+                    self.assigned[pool] = next(self.assignments)
 
-    def take_round(self) -> list[dict[str, Any]]:
+    def take_round(self) -> list[Trajectory]:
         """The next round's fresh records (empty: not complete yet, or all stale and skipped)."""
         if not self.dispatcher.complete_round(self.next_round):
             return []
@@ -262,8 +289,8 @@ class Driver:
         self.next_round += 1
         if stale:
             self.counters["stale_dropped"] += len(stale)
-            rows = [{"id": r["id"], "policy_version": r["policy_version"], "trainer_version": self.version,
-                     "step": self.version + 1, "pool": r.get("pool")} for r in stale]  # fmt: skip
+            rows = [{"id": r.id, "policy_version": r.policy_version, "trainer_version": self.version,
+                     "step": self.version + 1, "pool": r.pool} for r in stale]  # fmt: skip
             self.files.append(self.files.dropped, rows)
         if not fresh:
             self.counters["rounds_skipped"] += 1
@@ -271,9 +298,9 @@ class Driver:
 
     # -- trainer results
 
-    def stepped(self, result: dict[str, Any], used: list[dict[str, Any]]) -> None:
+    def stepped(self, result: dict[str, Any], used: list[Trajectory]) -> None:
         before, self.version = self.version, int(result["version"])
-        lags = [before - int(r.get("policy_version") or 0) for r in used]
+        lags = [before - r.policy_version for r in used]
         line = {
             "step": self.version, "version": self.version, **rounded({**result["metrics"], **self.extra}),
             "loop_records": len(used), "loop_round": self.next_round - 1, "loop_staleness_max": max(lags, default=0),
@@ -282,12 +309,12 @@ class Driver:
         }  # fmt: skip
         self.files.append(self.files.metrics, [line])
         if self.cfg.trajectories != "none":
-            keep = lite if self.cfg.trajectories == "lite" else (lambda r: r)
+            lite = self.cfg.trajectories == "lite"
             rows = [
-                {**keep(r), "step": self.version, "rl": s}
+                replace(r.lite() if lite else r, step=self.version, rl=s)
                 for r, s in zip(used, result["scores"], strict=True)
             ]
-            self.files.append(self.files.trajectories, rows)
+            self.files.append_records(rows)
         self.step_s = float(result.get("step_s", 0.0))
         self.emit("step", version=self.version, metrics=line)
 
@@ -324,15 +351,15 @@ class Driver:
         elif kind == "error":
             raise FlywheelError(f"{pool} failed: {str(payload).splitlines()[0]}")
 
-    def accept(self, pool: str, record: dict[str, Any]) -> None:
+    def accept(self, pool: str, record: Trajectory) -> None:
         if not self.dispatcher.complete(record):
             self.counters["duplicates_dropped"] += 1
             return
         self.per_pool[pool] += 1
-        n = self.dispatcher.round_of[record["id"]]
+        n = self.dispatcher.round_of[record.id]
         ids = self.dispatcher.rounds.get(n, [])
         done = sum(i in self.dispatcher.done for i in ids)
-        self.emit("record", pool=pool, id=record["id"], round=n, done=done, total=len(ids))
+        self.emit("record", pool=pool, id=record.id, round=n, done=done, total=len(ids))
 
     def pool_stats(self, kind: str, pool: str, stats: dict[str, Any]) -> None:
         if kind == "ready":

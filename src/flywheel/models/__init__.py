@@ -16,30 +16,24 @@ from typing import Any
 
 from flywheel.errors import FlywheelError
 from flywheel.protocols import Model
+from flywheel.registry import load
 
 SCRIPTED = ("scripted", "scripted-noisy", "scripted-search", "scripted-sweep")
 SPECS = f"{', '.join(SCRIPTED)}, hf:PATH, smollm2-135m or openai:NAME"  # for help texts and errors
+# a spec's kind (`hf` of `hf:PATH`, or the whole spec) -> the loader called with (spec, **opts)
+MODELS = {
+    **dict.fromkeys(SCRIPTED, "flywheel.models.scripted:load_scripted"),
+    "hf": "flywheel.models.torch_engine:load_torch_model",
+    "smollm2-135m": "flywheel.models.torch_engine:load_torch_model",
+    "openai": "flywheel.models.openai_backend:load_openai_model",
+}
 
 
 def get_model(spec: str, **opts: Any) -> Model:
     """The model backend named by `spec`; `opts` go to the backend (e.g. base_url, seed, context)."""
-    if spec in SCRIPTED:
-        from flywheel.models.scripted import ScriptedModel
-
-        return ScriptedModel(
-            noisy=spec == "scripted-noisy",
-            search=spec == "scripted-search",
-            sweep=spec == "scripted-sweep",
-            seed=int(opts.get("seed", 0)),
-        )
-    if spec.startswith("hf:") or spec == "smollm2-135m" or spec == "torch":
-        if spec == "torch":
-            raise FlywheelError("the torch engine needs weights: use hf:PATH or smollm2-135m")
-        from flywheel.models.torch_engine import load_torch_model
-
-        return load_torch_model(spec, **opts)
-    if spec.startswith("openai:"):
-        from flywheel.models.openai_backend import load_openai_model
-
-        return load_openai_model(spec, **opts)
-    raise FlywheelError(f"unknown model '{spec}' (use {SPECS})")
+    if spec == "torch":
+        raise FlywheelError("the torch engine needs weights: use hf:PATH or smollm2-135m")
+    kind = spec.split(":", 1)[0] if ":" in spec else spec
+    if kind not in MODELS:
+        raise FlywheelError(f"unknown model '{spec}' (use {SPECS})")
+    return load(MODELS[kind], "model backend")(spec, **opts)

@@ -37,6 +37,7 @@ import random
 import re
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import Any
 
 from flywheel.models.actions import Action, render_tagged
 from flywheel.protocols import Completion, Request
@@ -323,6 +324,14 @@ def _applies(source: str, candidate: tuple[int, str, str]) -> str:
     lines = source.splitlines(keepends=True)
     lines[line - 1] = lines[line - 1].replace(old, new, 1)
     return "".join(lines)
+
+
+def load_scripted(spec: str, seed: int = 0, **opts: Any) -> ScriptedModel:
+    """`scripted`, `scripted-noisy`, `scripted-search` or `scripted-sweep` (other options are ignored)."""
+    kind = spec.removeprefix("scripted").lstrip("-")
+    return ScriptedModel(
+        noisy=kind == "noisy", search=kind == "search", sweep=kind == "sweep", seed=int(seed)
+    )
 
 
 class ScriptedModel:

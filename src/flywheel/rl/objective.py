@@ -4,10 +4,12 @@ Everything here is a pure function of tensors or numbers; the training loop is a
 
 Reward
 ------
-``R = S - λ_e · C``: ``S`` is 1 only for a verified success that is not a cheat, ``C`` is the rollout's
-cost (inference spend and time, in whatever unit λ was calibrated in, see ``flywheel.rl.calibrate``) and
-``λ_e`` the cost price of the rollout's effort level. A cheating attempt scores like a failure of the same
-cost: it is never better than an honest failure, whether or not the tests passed.
+``R = S - λ_e · C``: ``S`` is 1 for a verified success, ``C`` is the rollout's cost (inference spend and
+time, in whatever unit λ was calibrated in, see ``flywheel.rl.calibrate``) and ``λ_e`` the cost price of
+the rollout's effort level. A cheating attempt scores like a failure of the same cost: the grader alone
+decides cheating, and a cheat is never a success there (`flywheel.verify.grader`), whether or not the
+tests passed. This is the one place the reward is computed; the trainer's score (`flywheel.rl.trainer`)
+calls it and the loop stores it once, in the record's `rl`.
 
 An alternating length penalty (SWE-1.7's, off by default) subtracts ``μ · max(0, turns - B_e)`` in
 penalised phases: ``μ`` per turn over effort e's turn budget ``B_e``. Phases of ``K`` steps alternate,
@@ -69,14 +71,14 @@ Normalise = Literal["token_sum/constant", "token_mean", "seq_mean"]
 # ------------------------------------------------------------------------------------------------ reward
 
 
-def reward(success: bool, cheat: bool, cost: float, lam: float) -> float:
-    """``S - λ·C`` with ``S = 1`` only for an honest success. ``cost`` and ``lam`` must be finite, ``lam >= 0``."""
+def reward(success: bool, cost: float, lam: float) -> float:
+    """``S - λ·C`` with ``S = 1`` for a success (the grader's: never a cheat). ``cost`` and ``lam`` must be
+    finite, ``lam >= 0``."""
     if not (math.isfinite(cost) and math.isfinite(lam)):
         raise ValueError(f"cost and lambda must be finite (cost={cost}, lambda={lam})")
     if lam < 0:
         raise ValueError(f"lambda must be >= 0, got {lam}")
-    solved = 1.0 if success and not cheat else 0.0
-    return solved - lam * cost
+    return (1.0 if success else 0.0) - lam * cost
 
 
 def length_penalty_on(step: int, phase: int) -> bool:

@@ -11,30 +11,26 @@ Running the episodes themselves (`rollout`, `make_specs`, `efforts_for`) is not 
 
 from __future__ import annotations
 
-from typing import Any
-
 from flywheel.harness import pricing_for
+from flywheel.record import Trajectory
 
 # seconds per completion token, per prompt token, per tool call (a small CPU model and a sandboxed tool)
 MODELLED_SECONDS = (0.004, 0.0002, 0.4)
 
 
-def tool_calls(record: dict[str, Any]) -> int:
+def tool_calls(record: Trajectory) -> int:
     """The tool calls of an attempt (format errors and compactions are not calls)."""
     return sum(
-        t["role"] == "tool" and t.get("name") not in ("format_error", "compaction") for t in record["turns"]
+        t["role"] == "tool" and t.get("name") not in ("format_error", "compaction") for t in record.turns
     )
 
 
-def reward_cost(record: dict[str, Any], deterministic: bool = False) -> float:
+def reward_cost(record: Trajectory, deterministic: bool = False) -> float:
     """The attempt's cost in dollars: the harness's, or with modelled seconds when `deterministic`."""
     if not deterministic:
-        return float(record["cost"])
-    usage = record["usage"]
+        return float(record.cost)
     per_gen, per_prompt, per_tool = MODELLED_SECONDS
     seconds = (
-        usage["completion_tokens"] * per_gen
-        + usage["prompt_tokens"] * per_prompt
-        + tool_calls(record) * per_tool
+        record.completion_tokens * per_gen + record.prompt_tokens * per_prompt + tool_calls(record) * per_tool
     )
-    return pricing_for(record["model"]).cost(usage["prompt_tokens"], usage["completion_tokens"], seconds)
+    return pricing_for(record.model).cost(record.prompt_tokens, record.completion_tokens, seconds)

@@ -45,6 +45,7 @@ from flywheel.loop import run as run_loop
 from flywheel.loop.config import RUN_FIELDS, LoopConfig, check_config
 from flywheel.loop.dispatch import item_id
 from flywheel.progress import progress
+from flywheel.record import Trajectory
 from flywheel.rl.config import RunConfig, to_dict
 from flywheel.rl.trainer import Trainer
 from flywheel.seeding import stable_seed
@@ -171,17 +172,17 @@ def renamed_batch(batch: list, cfg: RunConfig, step: int, root: Path) -> list:
     ]
 
 
-def curated(tasks: list, history: list[dict[str, Any]], cfg: RunConfig, step: int) -> list:
+def curated(tasks: list, history: list[Trajectory], cfg: RunConfig, step: int) -> list:
     """The tasks eligible at `step`: all, or those curation keeps after the last re-curation point.
 
-    Pass rates come from the run's own rollouts (`history`: task_id, success, policy_version, step) up to
-    that point, over the last `recurate_window` policy versions; if curation would leave nothing, all stay.
+    Pass rates come from the run's own rollouts (`history`, as `history_row` keeps them) up to that point,
+    over the last `recurate_window` policy versions; if curation would leave nothing, all stay.
     """
     every = cfg.tasks.recurate_every
     if not every or step <= every:
         return tasks
     point = (step - 1) // every * every
-    seen = [h for h in history if h["step"] <= point]
+    seen = [h for h in history if (h.step or 0) <= point]
     rates = pass_rates(seen, min_policy_version=point - cfg.tasks.recurate_window)
     keep = set(select(rates, cfg.tasks.p_max, task_ids=[t.id for t in tasks]))
     return [t for t in tasks if t.id in keep] or tasks
@@ -199,14 +200,10 @@ def harness_config(cfg: RunConfig, version: int) -> HarnessConfig:
     )
 
 
-def history_row(record: dict[str, Any], step: int) -> dict[str, Any]:
-    """What re-curation needs of a rollout; a renamed copy counts toward its original task."""
-    return {
-        "task_id": record.get("renamed_from", record["task_id"]),
-        "success": record["success"],
-        "policy_version": record["policy_version"],
-        "step": step,
-    }
+def history_row(record: Trajectory, step: int) -> Trajectory:
+    """What re-curation needs of a rollout (its task, success, policy version and step; the turns are
+    dropped); a renamed copy counts toward its original task."""
+    return dataclasses.replace(record, task_id=record.renamed_from or record.task_id, turns=[], step=step)
 
 
 class TrainRounds:
@@ -215,14 +212,14 @@ class TrainRounds:
 
     def __init__(self, cfg: RunConfig, tasks: list[Task], run: RunDir) -> None:
         self.cfg, self.tasks, self.run = cfg, tasks, run
-        self.history: list[dict[str, Any]] | None = None  # read once the driver has cut back the files
+        self.history: list[Trajectory] | None = None  # read once the driver has cut back the files
         self.eligible: dict[int, int] = {}
         self.origin: dict[str, str] = {}  # renamed task id -> the original's
 
     def items(self, round_no: int, min_version: int) -> list[WorkItem]:
         cfg, step = self.cfg, round_no + 1
         if self.history is None:
-            self.history = [history_row(r, r["step"]) for r in self.run.read(self.run.trajectories)]
+            self.history = [history_row(r, r.step or 0) for r in self.run.records()]
         pool = curated(self.tasks, self.history, cfg, step)
         self.eligible[round_no] = len(pool)
         batch = renamed_batch(batch_for(pool, cfg, step), cfg, step, self.run.out / "tasks")
@@ -235,10 +232,9 @@ class TrainRounds:
             for i in range(cfg.rollout.group_size)
         ]
 
-    def used(self, round_no: int, records: list[dict[str, Any]]) -> dict[str, float]:
+    def used(self, round_no: int, records: list[Trajectory]) -> dict[str, float]:
         for r in records:
-            if r["task_id"] in self.origin:
-                r["renamed_from"] = self.origin[r["task_id"]]
+            r.renamed_from = self.origin.get(r.task_id)
         self.history = (self.history or []) + [history_row(r, round_no + 1) for r in records]
         return {"eligible_tasks": float(self.eligible.pop(round_no, len(self.tasks)))}
 

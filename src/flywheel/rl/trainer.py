@@ -40,6 +40,7 @@ import torch
 
 from flywheel.errors import FlywheelError
 from flywheel.models.hf import train_top_layers
+from flywheel.record import Trajectory
 from flywheel.rl.config import RunConfig
 from flywheel.rl.objective import (
     advantages_flat,
@@ -70,12 +71,12 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-def turns_of(record: dict[str, Any]) -> list[dict[str, Any]]:
+def turns_of(record: Trajectory) -> list[dict[str, Any]]:
     """The assistant turns that carry sampled tokens (in-process models)."""
-    return [t for t in record["turns"] if t["role"] == "assistant" and t.get("token_ids")]
+    return [t for t in record.turns if t["role"] == "assistant" and t.get("token_ids")]
 
 
-def generated_tokens(record: dict[str, Any]) -> int:
+def generated_tokens(record: Trajectory) -> int:
     return sum(len(t["token_ids"]) for t in turns_of(record))
 
 
@@ -93,7 +94,7 @@ def token_batches(turns: Sequence[dict[str, Any]], max_tokens: int) -> list[list
 
 
 def score(
-    records: Sequence[dict[str, Any]],
+    records: Sequence[Trajectory],
     lambdas: dict[str, float],
     baseline: str,
     deterministic: bool,
@@ -103,25 +104,20 @@ def score(
 ) -> list[dict[str, float]]:
     """Per record: cost, λ, reward and advantage (pure; the records are not changed). `length_price` per
     turn over the effort's `length_budget` comes off the reward (the alternating length penalty); with
-    `length_scope="solved"` only in (task, effort) groups where some attempt solved the task honestly."""
+    `length_scope="solved"` only in (task, effort) groups where some attempt solved the task (a success
+    is honest: the grader never lets a cheat succeed)."""
     costs = [reward_cost(r, deterministic) for r in records]
-    lams = [float(lambdas.get(r["effort"], 0.0)) for r in records]
-    cheats = [bool((r.get("verdict") or {}).get("cheat")) for r in records]
-    keys = [(r["task_id"], r["effort"]) for r in records]
-    solved_groups = {
-        k for k, r, cheat in zip(keys, records, cheats, strict=True) if r["success"] and not cheat
-    }
+    lams = [float(lambdas.get(r.effort, 0.0)) for r in records]
+    keys = [(r.task_id, r.effort) for r in records]
+    solved_groups = {k for k, r in zip(keys, records, strict=True) if r.success}
     budget = length_budget or {}
     over = [
-        over_budget(r["n_turns"], budget.get(r["effort"]), length_price)
+        over_budget(r.n_turns, budget.get(r.effort), length_price)
         if length_scope == "all" or k in solved_groups
         else 0.0
         for r, k in zip(records, keys, strict=True)
     ]
-    rewards = [
-        reward(bool(r["success"]), cheat, c, lam) - o
-        for r, cheat, c, lam, o in zip(records, cheats, costs, lams, over, strict=True)
-    ]
+    rewards = [reward(r.success, c, lam) - o for r, c, lam, o in zip(records, costs, lams, over, strict=True)]
     lengths = [generated_tokens(r) for r in records]
     adv = advantages_flat(rewards, lengths, keys, baseline)
     return [
@@ -149,7 +145,7 @@ class Trainer:
 
     # -- one update
 
-    def scores(self, records: Sequence[dict[str, Any]], step: int) -> list[dict[str, float]]:
+    def scores(self, records: Sequence[Trajectory], step: int) -> list[dict[str, float]]:
         """`score` of the records of RL step `step` (1-based; it sets the length-penalty phase)."""
         cfg, r = self.cfg, self.cfg.reward
         price = r.length_penalty if length_penalty_on(step, r.length_phase) else 0.0
@@ -163,7 +159,7 @@ class Trainer:
             r.length_scope,
         )
 
-    def step(self, records: Sequence[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, float]]]:
+    def step(self, records: Sequence[Trajectory]) -> tuple[dict[str, float], list[dict[str, float]]]:
         """One RL step from graded records (step `version + 1`, which sets the length-penalty phase), on
         `[train] update_threads` threads; increments `version`; returns the step's metrics and each
         record's score (`score`)."""
@@ -171,7 +167,7 @@ class Trainer:
             scores = self.scores(records, self.version + 1)
             return self._update(records, scores), scores
 
-    def _update(self, records: Sequence[dict[str, Any]], scores: list[dict[str, float]]) -> dict[str, float]:
+    def _update(self, records: Sequence[Trajectory], scores: list[dict[str, float]]) -> dict[str, float]:
         cfg = self.cfg
         work = [
             (t, s["advantage"])
@@ -319,25 +315,25 @@ class Trainer:
         self.version = int(json.loads((path / "trainer.json").read_text())["version"])
 
 
-def outcome_metrics(
-    records: Sequence[dict[str, Any]], scores: Sequence[dict[str, float]]
-) -> dict[str, float]:
+def outcome_metrics(records: Sequence[Trajectory], scores: Sequence[dict[str, float]]) -> dict[str, float]:
     """Reward, success, cost, turns and generated tokens: overall and per effort level (`high/success`)."""
     out = _means(records, scores, "")
-    for effort in sorted({r["effort"] for r in records}):
-        pairs = [(r, s) for r, s in zip(records, scores, strict=True) if r["effort"] == effort]
+    for effort in sorted({r.effort for r in records}):
+        pairs = [(r, s) for r, s in zip(records, scores, strict=True) if r.effort == effort]
         out.update(_means([r for r, _ in pairs], [s for _, s in pairs], f"{effort}/"))
     return out
 
 
-def _means(records, scores, prefix: str) -> dict[str, float]:
+def _means(
+    records: Sequence[Trajectory], scores: Sequence[dict[str, float]], prefix: str
+) -> dict[str, float]:
     if not records:
         return {}
     return {
         f"{prefix}reward": statistics.fmean(s["reward"] for s in scores),
-        f"{prefix}success": statistics.fmean(float(r["success"]) for r in records),
+        f"{prefix}success": statistics.fmean(float(r.success) for r in records),
         f"{prefix}cost": statistics.fmean(s["cost"] for s in scores),
-        f"{prefix}turns": statistics.fmean(r["n_turns"] for r in records),
+        f"{prefix}turns": statistics.fmean(r.n_turns for r in records),
         f"{prefix}tokens": statistics.fmean(s["tokens"] for s in scores),
-        f"{prefix}format_errors": statistics.fmean(r.get("format_errors", 0) for r in records),
+        f"{prefix}format_errors": statistics.fmean(r.format_errors for r in records),
     }

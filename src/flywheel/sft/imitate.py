@@ -43,6 +43,7 @@ from flywheel.models.hf import train_top_layers
 from flywheel.models.tiny import IM_END, IM_START, build_tiny_model
 from flywheel.progress import progress
 from flywheel.protocols import Verdict
+from flywheel.record import Trajectory, read_trajectories, write_trajectories
 from flywheel.sft.rename import generic_words, rename_messages, shift_lines
 from flywheel.tasks import cache_dir, load_suite
 
@@ -105,7 +106,7 @@ class SftConfig:
 DATA_FORMAT = 6  # raised whenever a teacher's episodes change, so that cached ones are collected anew
 
 
-def collect(cfg: SftConfig) -> list[dict[str, Any]]:
+def collect(cfg: SftConfig) -> list[Trajectory]:
     """Teacher trajectories on the train split (not graded), cached by the data config and seed.
 
     The cache (`cache_dir()/sft-data/<key>.jsonl`) is written whole or not at all, so a run killed
@@ -115,16 +116,16 @@ def collect(cfg: SftConfig) -> list[dict[str, Any]]:
     key = hashlib.sha256(json.dumps([cfg.seed, data, DATA_FORMAT], sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / "sft-data" / f"{key}.jsonl"
     if path.is_file():
-        return [json.loads(line) for line in path.read_text().splitlines()]
+        return read_trajectories(path)
     records = _collect(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_trajectories(tmp, records)
     tmp.replace(path)
     return records
 
 
-def _collect(cfg: SftConfig) -> list[dict[str, Any]]:
+def _collect(cfg: SftConfig) -> list[Trajectory]:
     tasks = load_suite(cfg.data.suite, split=cfg.data.split)
     n = cfg.data.episodes or len(tasks)
     rng = random.Random(cfg.seed)
@@ -140,7 +141,7 @@ def _collect(cfg: SftConfig) -> list[dict[str, Any]]:
     hcfg = HarnessConfig(action_format="tagged", observation_chars=cfg.data.observation_chars)
 
     def not_graded(task, workspace, trajectory):
-        return Verdict(task.id, success=False, reward=0.0, error="not graded (imitation data)")
+        return Verdict(task.id, success=False, error="not graded (imitation data)")
 
     with progress("collecting imitation data", len(specs)) as advance:
         return rollout(
@@ -157,7 +158,7 @@ _AUGMENTS = ("rename", "shift", "copies")  # data keys applied to the collected 
 
 
 def augmented(
-    conversations: list[list[dict[str, Any]]], records: list[dict[str, Any]], cfg: SftConfig
+    conversations: list[list[dict[str, Any]]], records: list[Trajectory], cfg: SftConfig
 ) -> list[list[dict[str, Any]]]:
     """`data.copies` copies of the conversations, each with a `data.rename` share renamed and every one
     shifted by up to `data.shift` lines (`flywheel.sft.rename`), deterministically from the seed; names
@@ -169,14 +170,14 @@ def augmented(
     keep: set[str] = set()
     if d.rename:
         keep = generic_words(
-            conversations, [str(tasks[r["task_id"]].meta.get("module", r["task_id"])) for r in records]
+            conversations, [str(tasks[r.task_id].meta.get("module", r.task_id)) for r in records]
         )
     rng, shifts = random.Random(cfg.seed + 2), random.Random(cfg.seed + 3)
     out = []
     for _ in range(d.copies):
         for conv, r in zip(conversations, records, strict=True):
             if d.rename and rng.random() < d.rename:
-                conv = rename_messages(conv, tasks[r["task_id"]].repo, rng, keep)
+                conv = rename_messages(conv, tasks[r.task_id].repo, rng, keep)
             out.append(shift_lines(conv, shifts, d.shift))
     return out
 
@@ -194,14 +195,14 @@ def trained_harness(spec: str) -> dict[str, Any]:
     return {"action_format": "tagged", "observation_chars": int(data["observation_chars"])}
 
 
-def messages_of(record: dict[str, Any]) -> list[dict[str, Any]]:
+def messages_of(record: Trajectory) -> list[dict[str, Any]]:
     """The conversation the model saw in a tagged-format trajectory (observations come back as user turns).
 
     An assistant turn the harness answered with a format error stays in the context but is marked
     `learn: False`: the base should see the teacher recover from a malformed action, not learn to write one.
     """
     out: list[dict[str, Any]] = []
-    for t in record["turns"]:
+    for t in record.turns:
         if t["role"] in ("system", "user", "assistant"):
             out.append({"role": t["role"], "content": t["text"]})
         elif t["role"] == "tool" and t.get("name") != "compaction":

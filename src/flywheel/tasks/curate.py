@@ -29,22 +29,23 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.errors import FlywheelError
+from flywheel.record import Trajectory
 from flywheel.tasks.format import Task
 
 Rates = dict[str, tuple[int, int]]  # task id -> (successes, attempts)
 
 
-def pass_rates(records: Iterable[Mapping[str, Any]], *, min_policy_version: int | None = None) -> Rates:
-    """(successes, attempts) per task id from trajectory records (`task_id`, `success`, `policy_version`).
+def pass_rates(records: Iterable[Trajectory], *, min_policy_version: int | None = None) -> Rates:
+    """(successes, attempts) per task id from trajectory records (their task, success and policy version).
 
     With `min_policy_version`, only attempts by that policy version or a later one count.
     """
     rates: Rates = {}
     for r in records:
-        if min_policy_version is not None and int(r.get("policy_version", 0)) < min_policy_version:
+        if min_policy_version is not None and r.policy_version < min_policy_version:
             continue
-        s, n = rates.get(r["task_id"], (0, 0))
-        rates[r["task_id"]] = (s + bool(r["success"]), n + 1)
+        s, n = rates.get(r.task_id, (0, 0))
+        rates[r.task_id] = (s + r.success, n + 1)
     return rates
 
 
@@ -140,7 +141,7 @@ def plot(rep: Mapping[str, Any], path: Path) -> Path:
 
 
 def write_curated(
-    out: Path, tasks: Sequence[Task], records: Iterable[Mapping[str, Any]], settings: Mapping[str, Any]
+    out: Path, tasks: Sequence[Task], records: Iterable[Trajectory], settings: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Keep the tasks with 0 < p ≤ `settings["p_max"]` over `records`: their directories in `out/tasks/`
     (a suite), `out/report.json` (`report`, opening with `settings`) and `out/pass_rates.png`."""

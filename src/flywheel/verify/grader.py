@@ -12,6 +12,8 @@
 4. reads each test's outcome from the runner's signed report, never from stdout, and decides: success
    only when every fail_to_pass and every pass_to_pass test passed. Skipped, xfailed, errored, missing or
    not-collected tests count as failed, and so does a run whose exit code disagrees with the report.
+5. with a detector, any exploit signature makes the verdict a cheat, and a cheat is never a success:
+   the grader alone decides cheating, so everything downstream (the reward included) reads `success`.
 
 `default_grader(sandbox)` is that verifier as the harness calls it, once per finished episode: `grade` on
 the sandbox, with the exploit detector reading the episode's actions. With `skip_unchanged=True` (what
@@ -166,7 +168,6 @@ def grade(
     return Verdict(
         task_id=task.id,
         success=success,
-        reward=1.0 if success else 0.0,
         cheat=cheat,
         signatures=signatures,
         fail_to_pass=f2p,
@@ -202,7 +203,7 @@ def default_grader(sandbox: Sandbox, *, skip_unchanged: bool = False) -> Grader:
 
     def grader(task: Task, workspace: Path, trajectory: dict) -> Verdict:
         if skip_unchanged and same_tree(task.repo, workspace):
-            return Verdict(task.id, success=False, reward=0.0, error="workspace unchanged")
+            return Verdict(task.id, success=False, error="workspace unchanged")
         return grade(task, workspace, sandbox=sandbox, detector=lambda t, w: detect(t, w, trajectory))
 
     return grader
