@@ -29,11 +29,12 @@ def serve(
         server, thread = serve_model(policy, host, port, config)
     except OSError as e:
         raise FlywheelError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    typer.echo(f"serving {server.model_name} at {server.url}")
     # Both stop it, even where SIGINT was ignored at start (a background job of a non-interactive shell).
+    # Installed before the "serving" line, so a signal sent as soon as a client has read it is not lost.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
     try:
+        typer.echo(f"serving {server.model_name} at {server.url}")
         while thread.is_alive():
             thread.join(0.5)
     except KeyboardInterrupt:
