@@ -45,6 +45,16 @@ def test_the_json_shape_is_the_contract_key_for_key():
     assert list(loop) == [*KEYS, "pool", "renamed_from", "step", "rl"]  # optional fields only when set
 
 
+def test_an_infrastructure_failure_is_written_only_when_set_and_read_back(tmp_path):
+    failed = graded(ending="model_error", error="HTTP 500: boom", infra_failure="model_server")
+    data = failed.to_json()
+    assert list(data) == [*KEYS[:18], "infra_failure", *KEYS[18:]] and data["infra_failure"] == "model_server"
+    assert "infra_failure" not in graded().to_json()
+    assert Trajectory.from_json(data) == failed
+    write_trajectories(tmp_path / "t.jsonl", [failed, graded()])
+    assert [r.infra_failure for r in read_trajectories(tmp_path / "t.jsonl")] == ["model_server", None]
+
+
 def test_a_record_comes_back_from_its_json_line(tmp_path):
     path = tmp_path / "trajectories.jsonl"
     records = [graded(), graded(id="t/medium/s0/1", verdict=None, success=False, step=2, rl={"reward": 0.0})]

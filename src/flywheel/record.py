@@ -10,6 +10,11 @@ file, flushed), `write_trajectories` and `append_trajectories` write through the
 The record holds no reward. Whether an attempt succeeded is the grader's (`verdict`, with `success` copied
 beside it; a cheat is never a success); the reward ``S - λ·C`` is the trainer's and exists only in `rl`,
 the score the loop writes beside a record it trained on (`flywheel.rl.objective.reward`).
+
+An attempt the infrastructure ended (the model server erred, the sandbox or the grader broke) carries its
+cause in `infra_failure` (`INFRA_CAUSES`): it is kept, but it says nothing about the policy, so the trainer
+leaves it out of its group's baseline and advantages and evaluation reports it apart from the success
+rate. Without one, the attempt ended by the policy's own doing (`flywheel.harness.agent` sets both).
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from flywheel.errors import FlywheelError
 from flywheel.protocols import Verdict
 
 REPLAY_KEYS = ("kept", "prompt_ids", "logprobs")  # per-token data only the trainer reads
-OPTIONAL = ("pool", "renamed_from", "step", "rl")  # written only when set
+OPTIONAL = ("infra_failure", "pool", "renamed_from", "step", "rl")  # written only when set
 LEGACY = ("reward", "loop_version")  # keys older files carry, dropped on reading
+INFRA_CAUSES = ("model_server", "sandbox", "grader", "pool_lost")  # `Trajectory.infra_failure`'s values
 
 
 @dataclass
@@ -53,7 +59,8 @@ class Trajectory:
     gen_s: float = 0.0  # its share of the batched generation calls
     cost: float = 0.0  # dollars (`flywheel.harness.cost`)
     ending: str | None = None  # how it ended (`flywheel.harness.agent.ENDINGS`)
-    error: str | None = None  # the model's error, for a `model_error` ending
+    error: str | None = None  # what failed, for a `model_error` or `sandbox_error` ending
+    infra_failure: str | None = None  # what broke (`INFRA_CAUSES`); None: the policy's own ending
     format_errors: int = 0  # malformed actions
     steps_to_first_edit: int | None = None  # the model call whose action first changed a file
     compactions: int = 0  # times old observations were elided to fit the context

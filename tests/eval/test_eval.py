@@ -38,6 +38,24 @@ def test_summarize_counts_everything():
     assert s["endings"] == {"submitted": 2, "turn_limit": 1} and s["format_errors"] == 3
 
 
+def test_summarize_reports_infrastructure_failures_apart():
+    outage = [rec(False, 9.0, 1, None, "model_error"), rec(False, 9.0, 1, None, "model_error")]
+    outage[0].infra_failure = outage[1].infra_failure = "model_server"
+    broken = rec(True, 9.0, 30, 1)
+    broken.infra_failure = "grader"
+    s = summarize([rec(True, 0.1, 4, 2), rec(False, 0.3, 10, None, "turn_limit"), *outage, broken])
+    assert (s["n"], s["n_valid"], s["infra_failures"]) == (5, 2, 3)
+    assert s["infra_causes"] == {"grader": 1, "model_server": 2}
+    assert (
+        s["success_rate"] == 0.5 and s["successes"] == 1 and s["success_ci95"] == list(wilson_interval(1, 2))
+    )
+    assert (
+        s["mean_cost"] == pytest.approx(0.2) and s["mean_turns"] == 7 and s["median_steps_to_first_edit"] == 2
+    )
+    assert s["endings"] == {"model_error": 2, "submitted": 2, "turn_limit": 1}  # every ending still counted
+    assert summarize(outage)["success_rate"] == 0.0 and summarize(outage)["n_valid"] == 0
+
+
 def test_run_eval_writes_trajectories_and_summary(clamp_task, tmp_path):
     out = tmp_path / "run"
     summary = run_eval([clamp_task], ScriptedModel(), out)

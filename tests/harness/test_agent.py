@@ -6,7 +6,15 @@ import dataclasses
 
 import pytest
 
-from flywheel.harness import ENDINGS, EpisodeSpec, HarnessConfig, Pricing, get_effort, run_episodes
+from flywheel.harness import (
+    ENDINGS,
+    INFRA_ENDINGS,
+    EpisodeSpec,
+    HarnessConfig,
+    Pricing,
+    get_effort,
+    run_episodes,
+)
 from flywheel.models.scripted import ScriptedModel
 from flywheel.protocols import Completion
 
@@ -120,6 +128,7 @@ def test_every_ending_is_typed_and_recorded(clamp_task, ending, model, overrides
     rec = run(clamp_task, model, **overrides)
     assert rec.ending == ending
     assert rec.verdict is not None and rec.success is False
+    assert rec.infra_failure == ("model_server" if ending == "model_error" else None)
     if ending == "model_error":
         assert rec.error == "server exploded"
     if ending == "format_errors":
@@ -159,7 +168,9 @@ def test_endings_list_is_complete():
         "context_exhausted",
         "format_errors",
         "model_error",
+        "sandbox_error",
     }
+    assert INFRA_ENDINGS == {"model_error": "model_server", "sandbox_error": "sandbox"}
 
 
 def test_self_compaction_shortens_old_observations(clamp_task):
@@ -262,3 +273,45 @@ def test_a_crashing_grader_is_recorded_as_a_failed_verdict(clamp_task):
     [rec] = run_episodes([spec], FakeModel(text("<submit/>")), grader=crash)
     assert rec.ending == "submitted" and not rec.success
     assert rec.verdict.task_id == clamp_task.id and rec.verdict.error.startswith("grader crashed")
+    assert rec.infra_failure == "grader"  # the policy's ending, the grader's failure
+
+
+class BrokenSandbox:
+    """A sandbox that cannot start a command (as bwrap does when it may not create namespaces)."""
+
+    name = "broken"
+
+    def run(self, workspace, argv, **kw):
+        raise OSError("bwrap: creating new namespace failed")
+
+
+def test_a_sandbox_that_raises_ends_the_attempt_as_an_infrastructure_failure(clamp_task):
+    graded = []
+    model = FakeModel(text("<shell>ls</shell>"))
+    spec = EpisodeSpec(clamp_task, get_effort("medium"))
+    [rec] = run_episodes([spec], model, sandbox=BrokenSandbox(), grader=lambda *a: graded.append(a))
+    assert rec.ending == "sandbox_error" and rec.infra_failure == "sandbox"
+    assert rec.error == "OSError: bwrap: creating new namespace failed"
+    assert len(model.requests) == 1 and rec.n_turns == 1  # the exception never reached the model
+    assert rec.turns[-1]["name"] == "shell" and rec.turns[-1]["ok"] is False
+    assert rec.verdict is None and not rec.success and graded == []  # not graded in that sandbox
+
+
+def test_a_command_that_fails_or_times_out_is_the_policys_observation(clamp_task):
+    it = iter(["<shell>echo no; exit 3</shell>", "<shell>sleep 5</shell>", "<submit/>"])
+    model = FakeModel(lambda r: Completion(next(it), prompt_tokens=1, completion_tokens=1))
+    rec = run(clamp_task, model, cfg=HarnessConfig(command_timeout_s=0.5))
+    assert rec.ending == "submitted" and rec.infra_failure is None and rec.error is None
+    shells = [t["text"] for t in rec.turns if t.get("name") == "shell"]
+    assert shells[0] == "exit code 3\nno" and shells[1].startswith("timed out")
+
+
+def test_a_workspace_that_cannot_be_copied_is_recorded_without_a_model_call(clamp_task):
+    import shutil
+
+    shutil.rmtree(clamp_task.repo)
+    model = FakeModel(text("<submit/>"))
+    [rec] = run_episodes([EpisodeSpec(clamp_task, get_effort("medium"))], model, concurrency=2)
+    assert rec.ending == "sandbox_error" and rec.infra_failure == "sandbox"
+    assert rec.error.startswith("the workspace could not be copied") and model.requests == []
+    assert rec.n_turns == 0 and rec.verdict is None

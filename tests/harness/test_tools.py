@@ -108,3 +108,22 @@ def test_a_call_no_file_system_can_take_is_refused_not_raised(clamp_task, tmp_pa
         r = tools.execute(action)  # a file taken for a directory
         assert not r.ok and r.text.startswith("error: "), r.text
     assert (tmp_path / "a.py").read_text() == SOURCE and not (tmp_path / "d").exists()
+
+
+class RaisingSandbox:
+    name = "raising"
+
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+    def run(self, workspace, argv, **kw):
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc", [OSError("no bwrap"), RuntimeError("cgroup gone")])
+def test_a_sandbox_that_raises_is_a_sandbox_error_not_the_commands_output(clamp_task, tmp_path, exc):
+    tools = Tools(clamp_task, tmp_path, sandbox=RaisingSandbox(exc))
+    for action in (Action("shell", {"command": "ls"}), Action("run_tests")):
+        r = tools.execute(action)
+        assert not r.ok and r.sandbox_error == f"{type(exc).__name__}: {exc}"
+        assert str(exc) not in r.text  # nothing the model could take for the command's output

@@ -122,6 +122,26 @@ def test_advantages_flat_keeps_input_order_with_interleaved_groups():
     assert advantages_flat(rewards, lengths, keys) == pytest.approx([0.75, -0.5, -0.25, 0.5])
 
 
+def test_masked_rollouts_have_zero_advantage_and_leave_their_groups_baseline():
+    rewards = [1.0, 0.0, 0.0, 1.0, 0.5, 0.2]
+    lengths = [10, 30, 99, 5, 7, 3]
+    keys = ["a", "a", "a", "b", "b", "c"]
+    valid = [True, True, False, True, False, True]
+    out = advantages_flat(rewards, lengths, keys, valid=valid)
+    # group a over its two valid rollouts only: b = 10/40; group b keeps one valid rollout: nothing to learn
+    assert out == pytest.approx([0.75, -0.25, 0.0, 0.0, 0.0, 0.0])
+    assert out[2] == out[3] == out[4] == out[5] == 0.0  # exactly: skipped by the update
+    assert advantages_flat(rewards, lengths, keys, valid=[True] * 6) == advantages_flat(
+        rewards, lengths, keys
+    )
+    with pytest.raises(ValueError, match="5 valid flags"):
+        advantages_flat(rewards, lengths, keys, valid=valid[:5])
+
+
+def test_a_group_of_one_has_exactly_zero_advantage():
+    assert advantages({"g": [(0.1, 3)]})["g"] == [0.0]  # 0.1 * 3 / 3 is not 0.1 in floating point
+
+
 def test_unknown_baseline_is_refused():
     with pytest.raises(ValueError, match="unknown baseline"):
         advantages({"g": [(1.0, 1)]}, baseline="median")  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ from flywheel.models.torch_engine import load_torch_model
 from flywheel.protocols import Request, Verdict
 from flywheel.record import Trajectory
 from flywheel.rl.config import RunConfig
-from flywheel.rl.trainer import Trainer, score, token_batches
+from flywheel.rl.trainer import Trainer, outcome_metrics, score, token_batches
 
 TEXTS = ["<run_tests/>", '<view path="a.py"/>', "def f(x):\n    return x + 1\n", "1 failed, 2 passed"] * 10
 
@@ -64,6 +64,49 @@ def test_score_is_reward_minus_length_weighted_baseline(engine):
     lengths = [len(r.turns[0]["token_ids"]) for r in records]
     b = (s[0]["reward"] * lengths[0] + s[1]["reward"] * lengths[1]) / sum(lengths)
     assert s[0]["advantage"] == pytest.approx(s[0]["reward"] - b)
+
+
+def test_infrastructure_failures_are_kept_but_masked_from_baseline_and_advantage(engine):
+    records = records_from(engine, ["a", "b", "c", "d"], [True, False, False, True])
+    records[2].infra_failure, records[3].infra_failure = "model_server", "grader"
+    s = score(records, {"medium": 10.0}, "mean", deterministic=False)
+    assert len(s) == 4 and s[3]["reward"] == pytest.approx(1 - 10 * 0.001)  # scored, but not learned from
+    b = (s[0]["reward"] + s[1]["reward"]) / 2  # the two valid attempts only
+    assert [x["advantage"] for x in s] == pytest.approx([s[0]["reward"] - b, s[1]["reward"] - b, 0.0, 0.0])
+    records[1].infra_failure = "sandbox"  # one valid attempt left: the group trains nothing
+    assert [x["advantage"] for x in score(records, {}, "length_weighted", False)] == [0.0] * 4
+
+
+def test_a_solved_scope_ignores_a_success_the_infrastructure_ended(engine):
+    records = records_from(engine, ["a", "b", "c"], [True, False, False])
+    for r in records:
+        r.n_turns = 5
+    records[0].infra_failure = "grader"
+    s = score(records, {}, "mean", False, 0.1, {"medium": 3}, "solved")
+    assert [x["length_penalty"] for x in s] == [0.0, 0.0, 0.0]
+
+
+def test_outcome_metrics_are_over_valid_records_and_count_the_others():
+    def rec(i, success, effort="medium", infra=None):
+        return Trajectory(f"t/{effort}/{i}", "t", effort, n_turns=i, success=success, infra_failure=infra)
+
+    records = [
+        rec(1, True),
+        rec(3, False),
+        rec(9, False, infra="model_server"),
+        rec(8, False, "max", "sandbox"),
+    ]
+    scores = [{"reward": x, "cost": 0.1, "tokens": 4} for x in (1.0, 0.0, -5.0, -5.0)]
+    m = outcome_metrics(records, scores)
+    assert m["success"] == 0.5 and m["reward"] == 0.5 and m["turns"] == 2.0 and m["medium/turns"] == 2.0
+    assert "max/success" not in m  # no valid record at that level
+    assert (m["infra_failures"], m["infra/model_server"], m["infra/sandbox"]) == (2.0, 1.0, 1.0)
+    assert outcome_metrics(records[:2], scores[:2])["infra_failures"] == 0.0
+    assert set(outcome_metrics(records[2:], scores[2:])) == {
+        "infra_failures",
+        "infra/model_server",
+        "infra/sandbox",
+    }
 
 
 def test_the_length_penalty_applies_in_penalised_steps_to_budgeted_efforts(engine):

@@ -10,9 +10,10 @@ import pytest
 from flywheel.protocols import Sandbox
 from flywheel.sandbox import BACKENDS, SandboxError, available_backends, default_backend, get_sandbox
 from flywheel.sandbox.bwrap import bwrap_argv
+from flywheel.sandbox.cgroups import RunCgroup
 from flywheel.sandbox.fallback import path_mapping, rewrite
 from flywheel.sandbox.layout import build_layout, runtime_dirs
-from flywheel.sandbox.limits import RunCgroup, launcher
+from flywheel.sandbox.limits import launcher
 
 
 def test_every_available_backend_is_a_sandbox():
@@ -90,7 +91,7 @@ def test_bwrap_argv_mounts_workspace_and_hides_git(tmp_path):
 
 
 def test_launcher_joins_cgroups_and_sets_rlimits(tmp_path):
-    cg = RunCgroup({"pids": tmp_path})
+    cg = RunCgroup([tmp_path], {"pids": "cgroup v1 pids.max"})
     argv = launcher(["true"], cg, {"f": 2048})
     assert argv[:2] == ["/bin/sh", "-c"]
     assert f"echo 0 > {tmp_path}/cgroup.procs" in argv[2]

@@ -46,23 +46,35 @@ def _median(values: Sequence[float]) -> float | None:
 
 
 def summarize(records: Iterable[Trajectory]) -> dict[str, Any]:
-    """Success rate (with its 95% interval), cost, turns, steps to the first edit, endings."""
+    """Success rate (with its 95% interval), cost, turns, steps to the first edit, endings.
+
+    `n` counts every attempt and `endings` every ending; the attempts the infrastructure ended
+    (`Trajectory.infra_failure`) are reported apart, `infra_failures` and `infra_causes` ({cause: count}),
+    and the success rate, its interval, the successes and the means and medians are over the other
+    `n_valid` attempts only, so that an outage does not read as a worse policy. `format_errors` and
+    `cheats` count over every attempt.
+    """
     records = list(records)
-    n = len(records)
-    wins = sum(r.success for r in records)
-    costs = [r.cost for r in records]
-    first_edits = [r.steps_to_first_edit for r in records if r.steps_to_first_edit is not None]
+    valid = [r for r in records if r.infra_failure is None]
+    n = len(valid)
+    wins = sum(r.success for r in valid)
+    costs = [r.cost for r in valid]
+    first_edits = [r.steps_to_first_edit for r in valid if r.steps_to_first_edit is not None]
     lo, hi = wilson_interval(wins, n)
+    causes = Counter(r.infra_failure for r in records if r.infra_failure is not None)
     return {
-        "n": n,
+        "n": len(records),
+        "n_valid": n,
+        "infra_failures": len(records) - n,
+        "infra_causes": dict(sorted(causes.items())),
         "success_rate": wins / n if n else 0.0,
         "success_ci95": [lo, hi],
         "successes": wins,
         "mean_cost": statistics.fmean(costs) if costs else 0.0,
         "median_cost": _median(costs) or 0.0,
-        "mean_turns": statistics.fmean(r.n_turns for r in records) if n else 0.0,
+        "mean_turns": statistics.fmean(r.n_turns for r in valid) if n else 0.0,
         "median_steps_to_first_edit": _median(first_edits),
-        "mean_completion_tokens": statistics.fmean(r.completion_tokens for r in records) if n else 0.0,
+        "mean_completion_tokens": statistics.fmean(r.completion_tokens for r in valid) if n else 0.0,
         "format_errors": sum(r.format_errors for r in records),
         "cheats": sum(bool(r.verdict and r.verdict.cheat) for r in records),
         "endings": dict(sorted(Counter(r.ending for r in records).items())),

@@ -6,7 +6,8 @@ rung, with the cost priced by the caller's `cost(record)` (training passes the r
 `flywheel.rl.rollout.reward_cost`). `flywheel.rl.calibrate.run_calibration` turns the ladders into λ.
 
 `evaluate_policy` runs one policy on a task list at each effort level and returns the eval summary per
-level (`flywheel.eval.summarize`, plus `mean_reward_cost`), writing trajectories under `out/<effort>/`.
+level (`flywheel.eval.summarize`, plus `mean_reward_cost` over the valid attempts), writing trajectories
+under `out/<effort>/`.
 
 Both take plain arguments (effort levels, harness settings, concurrency, the cost), so that evaluation
 needs nothing from the training code; `flywheel.rl.calibrate.measuring(cfg)` builds them from a run config.
@@ -73,6 +74,7 @@ def measure_ladder(
     numbers): sample i of a task draws the same stream at every budget, so a bigger budget replays the
     smaller one's attempt and carries it on where the smaller one was cut. What differs between rungs is
     then what the budget changes, not the luck of the draw, and success rises with the budget per attempt.
+    Attempts the infrastructure failed are left out of a rung (unless every one of its attempts was).
     """
     specs, rung_of = ladder_specs(tasks, efforts, factors, samples, seed)
     records = rollout(engine, specs, cfg, concurrency=concurrency, on_record=on_record)
@@ -81,7 +83,7 @@ def measure_ladder(
         by_rung.setdefault(rung_of[r.id], []).append(r)
     out: dict[str, list[tuple[float, float, float]]] = {}
     for name, f in dict.fromkeys(rung_of.values()):  # levels and rungs in the order asked
-        rs = by_rung[name, f]
+        rs = [r for r in by_rung[name, f] if not r.infra_failure] or by_rung[name, f]
         mean_cost = statistics.fmean(cost(r) for r in rs)
         out.setdefault(name, []).append((f, mean_cost, statistics.fmean(float(r.success) for r in rs)))
     return out
@@ -119,6 +121,7 @@ def evaluate_policy(
         (out / level.name).mkdir(parents=True, exist_ok=True)
         write_trajectories(out / level.name / "trajectories.jsonl", records)
         summary = summarize(records)
-        summary["mean_reward_cost"] = statistics.fmean(cost(r) for r in records)
+        valid = [cost(r) for r in records if r.infra_failure is None]  # as summarize's means
+        summary["mean_reward_cost"] = statistics.fmean(valid) if valid else 0.0
         result[level.name] = summary
     return result

@@ -4,12 +4,13 @@ The action format the model writes (tagged text or native tool calls) is `flywhe
 the models and the harness both speak.
 """
 
-from flywheel.harness.agent import ENDINGS, EpisodeSpec, HarnessConfig, run_episodes
+from flywheel.harness.agent import ENDINGS, INFRA_ENDINGS, EpisodeSpec, HarnessConfig, run_episodes
 from flywheel.harness.cost import Pricing, pricing_for
 from flywheel.harness.effort import EFFORTS, Effort, get_effort
 
 __all__ = [
     "ENDINGS",
+    "INFRA_ENDINGS",
     "EpisodeSpec",
     "HarnessConfig",
     "run_episodes",

@@ -8,6 +8,14 @@ fixed groups, so that the model generates for one group while another's tools ru
 typed ending (`ENDINGS`) and is graded by the shared verifier; its trajectory record
 (`flywheel.record.Trajectory`) is complete even when the attempt failed or the model errored.
 
+Every ending is the policy's or the infrastructure's. The policy's: it submitted, ran out of a budget
+(turns, tokens, time, cost), wrote malformed actions, or outgrew its context. The infrastructure's
+(`INFRA_ENDINGS`, recorded in the record's `infra_failure`): the model server erred (`model_error`), or
+the sandbox failed (`sandbox_error`: a tool's sandbox run raised, or the workspace could not be copied);
+a grader that crashes leaves the ending as it was and marks the record "grader". Such a record is kept
+but trained on as nothing (`flywheel.rl.trainer.score`). An attempt the sandbox failed is not graded:
+the grader runs in the same sandbox, and the attempt was cut short by it, not by the policy.
+
 Cost is counted per episode from its own usage: prompt and completion tokens, and its compute seconds —
 the time its tools took plus its share of each batched generation call (by completion tokens), so that
 the cost of an attempt does not depend on how many other episodes ran beside it. The effort's time limit
@@ -50,7 +58,9 @@ ENDINGS = (
     "context_exhausted",
     "format_errors",
     "model_error",
+    "sandbox_error",
 )
+INFRA_ENDINGS = {"model_error": "model_server", "sandbox_error": "sandbox"}  # ending -> infra_failure
 
 
 @dataclass
@@ -106,6 +116,7 @@ class Episode:
     compactions: int = 0
     ending: str | None = None
     error: str | None = None
+    infra_failure: str | None = None  # what broke (`flywheel.record.INFRA_CAUSES`); None: the policy's ending
     model_name: str = ""
 
 
@@ -116,16 +127,27 @@ def _fmt(model: Model, cfg: HarnessConfig) -> str:
 
 
 def start_episode(spec: EpisodeSpec, sandbox: Sandbox, action_format: str, cfg: HarnessConfig) -> Episode:
-    root = Path(tempfile.mkdtemp(prefix="flywheel-ep-"))
-    ws = root / "repo"
-    shutil.copytree(spec.task.repo, ws, symlinks=True)
+    """A fresh episode on its own copy of the task's repository; one whose copy failed has already ended
+    (`sandbox_error`)."""
+    ws = Path(tempfile.mkdtemp(prefix="flywheel-ep-")) / "repo"
+    tools = Tools(spec.task, ws, sandbox, cfg.command_timeout_s)
+    try:
+        shutil.copytree(spec.task.repo, ws, symlinks=True)
+    except OSError as e:  # shutil.Error included: the infrastructure's failure, not the policy's
+        ep = Episode(spec, tools, action_format, [], [])
+        _infra_ending(ep, "sandbox_error", f"the workspace could not be copied: {e}")
+        return ep
     files = sorted(p.relative_to(ws).as_posix() for p in ws.rglob("*") if p.is_file())
     system = system_prompt(spec.effort, action_format)
     user = task_message(spec.task, files)
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
     turns = [{"role": "system", "text": system}, {"role": "user", "text": user}]
-    tools = Tools(spec.task, ws, sandbox, cfg.command_timeout_s)
     return Episode(spec, tools, action_format, messages, turns)
+
+
+def _infra_ending(ep: Episode, ending: str, error: str) -> None:
+    """End `ep` with an infrastructure ending (`INFRA_ENDINGS`), recording what broke."""
+    ep.ending, ep.error, ep.infra_failure = ending, error, INFRA_ENDINGS[ending]
 
 
 def make_request(ep: Episode, cfg: HarnessConfig) -> Request:
@@ -167,7 +189,7 @@ def observe(ep: Episode, c: Completion, gen_share_s: float, cfg: HarnessConfig) 
     ep.gen_s += gen_share_s
     ep.turns.append(_assistant_turn(c))
     if c.error or c.finish_reason == "error":
-        ep.ending, ep.error = "model_error", c.error or "model error"
+        _infra_ending(ep, "model_error", c.error or "model error")
         return
     if c.finish_reason == "context":
         ep.ending = budget_ending(ep, cfg) if compact(ep, cfg) else "context_exhausted"
@@ -247,6 +269,9 @@ def _execute(ep: Episode, action: Action, cfg: HarnessConfig) -> str:
     ep.turns.append(
         {"role": "tool", "name": action.name, "arguments": action.args, "text": text, "ok": result.ok}
     )
+    if result.sandbox_error:  # the call has no result to show: the attempt ends, the infrastructure's fault
+        _infra_ending(ep, "sandbox_error", result.sandbox_error)
+        return text
     if result.edited and ep.first_edit_step is None:
         ep.first_edit_step = ep.n_turns
     if result.submitted:
@@ -311,14 +336,16 @@ def _detector_turns(ep: Episode) -> list[dict[str, Any]]:
 
 
 def finish(ep: Episode, cfg: HarnessConfig, grader: Grader | None) -> Trajectory:
-    """Grade the episode's workspace and build its trajectory record; never raises."""
+    """Grade the episode's workspace and build its trajectory record; never raises. A crashing grader
+    marks the record an infrastructure failure ("grader"); an attempt the sandbox failed is not graded."""
     wall_s = time.perf_counter() - ep.start  # the attempt itself, grading excluded
     verdict = None
     try:
-        if grader is not None:
+        if grader is not None and ep.infra_failure != "sandbox":
             verdict = _call_grader(grader, ep)
     except Exception as e:  # a grading crash is recorded, not raised
         verdict = Verdict(ep.spec.task.id, success=False, error=f"grader crashed: {e!r}")
+        ep.infra_failure = ep.infra_failure or "grader"
     finally:
         if not cfg.keep_workspaces:
             shutil.rmtree(ep.tools.workspace.parent, ignore_errors=True)
@@ -342,6 +369,7 @@ def finish(ep: Episode, cfg: HarnessConfig, grader: Grader | None) -> Trajectory
         cost=episode_cost(ep, cfg),
         ending=ep.ending,
         error=ep.error,
+        infra_failure=ep.infra_failure,
         format_errors=ep.format_errors,
         steps_to_first_edit=ep.first_edit_step,
         compactions=ep.compactions,
@@ -385,6 +413,11 @@ def run_episodes(
     pending, cohorts, records = deque(specs), [[] for _ in range(n)], []
     jobs: list[Future | None] = [None] * n
 
+    def emit(record: Trajectory) -> None:
+        records.append(record)
+        if on_record:
+            on_record(record)
+
     def act(group: list[Episode], completions: list[Completion], shares: list[float]) -> list[Trajectory]:
         list(pool.map(lambda a: observe(a[0], a[1], a[2], cfg), zip(group, completions, shares, strict=True)))
         return list(pool.map(lambda ep: finish(ep, cfg, grader), [ep for ep in group if ep.ending]))
@@ -393,15 +426,16 @@ def run_episodes(
         for k in itertools.cycle(range(n)):
             if jobs[k] is not None:
                 for record in jobs[k].result():
-                    records.append(record)
-                    if on_record:
-                        on_record(record)
+                    emit(record)
                 jobs[k] = None
                 cohorts[k] = [ep for ep in cohorts[k] if not ep.ending]
             while pending and len(cohorts[k]) < sizes[k]:
                 ep = start_episode(pending.popleft(), sandbox, action_format, cfg)
                 ep.model_name = model.name
-                cohorts[k].append(ep)
+                if ep.ending:  # its workspace could not be made: recorded, never sent to the model
+                    emit(finish(ep, cfg, grader))
+                else:
+                    cohorts[k].append(ep)
             if cohorts[k]:
                 t0 = time.perf_counter()
                 completions = model.generate([make_request(ep, cfg) for ep in cohorts[k]])

@@ -7,6 +7,11 @@ the agent has it, and the grader restores the hidden tests only in its own copy.
 pytest's wall time (`2 passed in 0.08s` reads `2 passed`): it tells the agent nothing about the bug, and
 with it the same episode would read differently on every run, so imitation data and deterministic runs
 could not repeat.
+
+A sandbox that fails (`sandbox.run` raises: it could not start the command, or broke running it) is not
+the command's doing: the call comes back with `sandbox_error` set, and the harness ends the episode on it
+as an infrastructure failure instead of showing the model the exception as if the command had printed
+it. A command that fails (a non-zero exit, a timeout's 124) is an ordinary observation.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class ToolResult:
     edited: bool = False  # the workspace changed
     submitted: bool = False
     seconds: float = 0.0  # time spent in the sandbox
+    sandbox_error: str | None = None  # the sandbox itself failed (it raised): the call has no result
 
 
 class Tools:
@@ -52,7 +58,7 @@ class Tools:
             return handler(**action.args)
         except OSError as e:  # a path the model wrote that the file system refuses (a file as a directory)
             if action.name not in ("view", "edit"):
-                raise  # the sandbox's own failure: not the model's doing, never hidden
+                raise  # the workspace unreadable around a command: not the model's doing, never hidden
             return ToolResult(f"error: {e.strerror or e}: {action.args.get('path')!r}"[:300], ok=False)
 
     # -- tools ----------------------------------------------------------------------------------------
@@ -126,7 +132,10 @@ class Tools:
         return out
 
     def _run(self, argv: list[str]) -> ToolResult:
-        r = self.sandbox.run(self.workspace, argv, limits=self.limits)
+        try:
+            r = self.sandbox.run(self.workspace, argv, limits=self.limits)
+        except Exception as e:  # the sandbox's own failure, not the command's: never shown as its output
+            return ToolResult("error: the sandbox failed", ok=False, sandbox_error=f"{type(e).__name__}: {e}")
         status = "timed out" if r.timed_out else f"exit code {r.exit_code}"
         return ToolResult(f"{status}\n{r.output}".rstrip(), seconds=r.wall_s)
 

@@ -26,7 +26,11 @@ the ``b`` minimising ``E‖(R - b) g‖²`` is ``E[R‖g‖²] / E[‖g‖²]``.
 roughly independent token gradients) that is the length-weighted mean (the "optimal baseline" of OPO).
 A group whose lengths are all zero carries no gradient at all; its baseline falls back to the plain mean
 so that advantages stay finite and meaningful for logging. A group of one has advantage 0: with no peer
-there is nothing to compare against. Advantages are not divided by the group's standard deviation:
+there is nothing to compare against. An attempt the infrastructure ended (`Trajectory.infra_failure`: the
+model server, the sandbox or the grader failed) is masked (`advantages_flat`'s `valid`): its advantage
+is 0 and its group's baseline is taken over the other attempts, so an outage neither pushes the policy
+away from what it did nor shifts its peers' advantages; a group left with fewer than two valid attempts
+trains nothing. Advantages are not divided by the group's standard deviation:
 that would re-weight tasks by how noisy they are (Dr. GRPO), which is not part of the objective.
 
 Sampling-distribution replay
@@ -118,13 +122,14 @@ def length_weighted_baseline(rewards: Sequence[float], lengths: Sequence[int]) -
     return float(sum(r * n for r, n in zip(rewards, lengths, strict=True))) / total
 
 
+BASELINES = ("length_weighted", "mean")
+
+
 def _baseline(group: Sequence[tuple[float, int]], kind: Baseline) -> float:
     rewards = [r for r, _ in group]
     if kind == "length_weighted":
         return length_weighted_baseline(rewards, [n for _, n in group])
-    if kind == "mean":
-        return group_mean_baseline(rewards)
-    raise ValueError(f"unknown baseline {kind!r}; expected 'length_weighted' or 'mean'")
+    return group_mean_baseline(rewards)
 
 
 def advantages(
@@ -133,10 +138,15 @@ def advantages(
     """Per-rollout ``A_i = R_i - b`` for each group of ``(reward, generated_tokens)`` pairs.
 
     Keys are whatever identifies a group, typically ``(task_id, effort)``; the result keeps the keys and
-    the order of rollouts inside each group.
+    the order of rollouts inside each group. A group of one has advantage exactly 0 (no peer).
     """
+    if baseline not in BASELINES:
+        raise ValueError(f"unknown baseline {baseline!r}; expected 'length_weighted' or 'mean'")
     out: dict[K, list[float]] = {}
     for key, group in groups.items():
+        if len(group) < 2:
+            out[key] = [0.0] * len(group)
+            continue
         b = _baseline(group, baseline)
         out[key] = [r - b for r, _ in group]
     return out
@@ -147,13 +157,23 @@ def advantages_flat(
     lengths: Sequence[int],
     keys: Sequence[Hashable],
     baseline: Baseline = "length_weighted",
+    valid: Sequence[bool] | None = None,
 ) -> list[float]:
-    """`advantages` for flat, aligned lists: rollout ``i`` belongs to group ``keys[i]``."""
-    if not len(rewards) == len(lengths) == len(keys):
-        raise ValueError(f"lengths differ: {len(rewards)} rewards, {len(lengths)} lengths, {len(keys)} keys")
+    """`advantages` for flat, aligned lists: rollout ``i`` belongs to group ``keys[i]``.
+
+    ``valid[i]`` False masks rollout ``i`` (an infrastructure failure): its advantage is 0 and its group's
+    baseline is over the valid rollouts only. None: every rollout is valid.
+    """
+    valid = [True] * len(rewards) if valid is None else valid
+    if not len(rewards) == len(lengths) == len(keys) == len(valid):
+        raise ValueError(
+            f"lengths differ: {len(rewards)} rewards, {len(lengths)} lengths, {len(keys)} keys, "
+            f"{len(valid)} valid flags"
+        )
     members: dict[Hashable, list[int]] = {}
     for i, key in enumerate(keys):
-        members.setdefault(key, []).append(i)
+        if valid[i]:
+            members.setdefault(key, []).append(i)
     groups = {key: [(rewards[i], lengths[i]) for i in idx] for key, idx in members.items()}
     per_group = advantages(groups, baseline)
     out = [0.0] * len(rewards)

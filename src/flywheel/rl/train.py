@@ -299,7 +299,7 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
             elif event["event"] == "step":
                 row = event["metrics"]
                 rows.append(row)
-                advance(1, reward=row["reward"], success=row["success"])
+                advance(1, **{k: row[k] for k in ("reward", "success") if k in row})  # none: all infra
                 if on_step:
                     on_step(row)
 

@@ -3,7 +3,9 @@
 `Trainer.step(records)`:
 
 1. reward ``R_i = S_i - λ_e·C_i`` per rollout (`objective.reward`, C from `rollout.reward_cost`);
-2. advantages within each (task, effort) group, against the length-weighted baseline (or the group mean);
+2. advantages within each (task, effort) group, against the length-weighted baseline (or the group mean),
+   over the attempts the policy ended: one the infrastructure ended (`Trajectory.infra_failure`) stays
+   in the records with its score but has advantage 0 and is left out of its group's baseline;
 3. for every assistant turn that carries its sampled tokens, a forward pass over the turn's exact prompt
    and generated ids (packed, see below); the generated tokens' log-probabilities are replayed over the sampler's top-p kept
    sets (`replay=True`) or over the full vocabulary (`replay=False`, the ablation), both at the sampling
@@ -31,6 +33,7 @@ import os
 import shutil
 import statistics
 import tempfile
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -105,11 +108,14 @@ def score(
     """Per record: cost, λ, reward and advantage (pure; the records are not changed). `length_price` per
     turn over the effort's `length_budget` comes off the reward (the alternating length penalty); with
     `length_scope="solved"` only in (task, effort) groups where some attempt solved the task (a success
-    is honest: the grader never lets a cheat succeed)."""
+    is honest: the grader never lets a cheat succeed). A record the infrastructure ended
+    (`infra_failure`) is masked: advantage 0, and left out of its group's baseline and of `solved`; a
+    group with fewer than two valid records trains nothing."""
     costs = [reward_cost(r, deterministic) for r in records]
     lams = [float(lambdas.get(r.effort, 0.0)) for r in records]
     keys = [(r.task_id, r.effort) for r in records]
-    solved_groups = {k for k, r in zip(keys, records, strict=True) if r.success}
+    valid = [r.infra_failure is None for r in records]
+    solved_groups = {k for k, r, v in zip(keys, records, valid, strict=True) if r.success and v}
     budget = length_budget or {}
     over = [
         over_budget(r.n_turns, budget.get(r.effort), length_price)
@@ -119,7 +125,7 @@ def score(
     ]
     rewards = [reward(r.success, c, lam) - o for r, c, lam, o in zip(records, costs, lams, over, strict=True)]
     lengths = [generated_tokens(r) for r in records]
-    adv = advantages_flat(rewards, lengths, keys, baseline)
+    adv = advantages_flat(rewards, lengths, keys, baseline, valid)
     return [
         {"cost": c, "lambda": lam, "length_penalty": o, "reward": rw, "advantage": a, "tokens": n}
         for c, lam, o, rw, a, n in zip(costs, lams, over, rewards, adv, lengths, strict=True)
@@ -316,12 +322,26 @@ class Trainer:
 
 
 def outcome_metrics(records: Sequence[Trajectory], scores: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Reward, success, cost, turns and generated tokens: overall and per effort level (`high/success`)."""
-    out = _means(records, scores, "")
-    for effort in sorted({r.effort for r in records}):
-        pairs = [(r, s) for r, s in zip(records, scores, strict=True) if r.effort == effort]
-        out.update(_means([r for r, _ in pairs], [s for _, s in pairs], f"{effort}/"))
-    return out
+    """Reward, success, cost, turns and generated tokens: overall and per effort level (`high/success`).
+
+    The means are over the valid records only, those the policy ended, so that an outage does not read as
+    the policy getting worse (none valid: no means); `infra_failures` counts the others and
+    `infra/<cause>` each cause (`flywheel.record.INFRA_CAUSES`).
+    """
+    pairs = [(r, s) for r, s in zip(records, scores, strict=True) if r.infra_failure is None]
+    out = _means([r for r, _ in pairs], [s for _, s in pairs], "")
+    for effort in sorted({r.effort for r, _ in pairs}):
+        mine = [(r, s) for r, s in pairs if r.effort == effort]
+        out.update(_means([r for r, _ in mine], [s for _, s in mine], f"{effort}/"))
+    return {**out, **infra_counts(records)}
+
+
+def infra_counts(records: Sequence[Trajectory]) -> dict[str, float]:
+    """`infra_failures`: records the infrastructure ended; `infra/<cause>`: per cause, those that occur."""
+    causes = Counter(r.infra_failure for r in records if r.infra_failure is not None)
+    return {"infra_failures": float(sum(causes.values()))} | {
+        f"infra/{c}": float(n) for c, n in sorted(causes.items())
+    }
 
 
 def _means(

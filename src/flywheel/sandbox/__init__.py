@@ -9,8 +9,10 @@ directory) and returns a `RunResult` once every process it started is gone. Back
 - `fallback` (hosts without bwrap): `unshare -n`, limits, its own session; no file-system isolation
   (`fallback.py`).
 
-`FLYWHEEL_SANDBOX=<name>` picks the default backend. Limits (`limits.py`) use a per-run cgroup v1 child
-(`pids.max`, `memory.limit_in_bytes`) where the controllers are writable, rlimits otherwise.
+`FLYWHEEL_SANDBOX=<name>` picks the default backend. Process count and memory use a per-run cgroup
+(`cgroups.py`: a v1 child, or a leaf of a writable v2 subtree) where the host allows one, rlimits
+otherwise (`limits.py`); the workspace's total size is measured by the supervisor (`disk.py`).
+`enforced_limits()` names what enforces each limit here, and says which ones are not enforced.
 
 What is covered (each property has its own adversarial test in tests/sandbox/):
 
@@ -25,8 +27,9 @@ What is covered (each property has its own adversarial test in tests/sandbox/):
 - Limits: wall time (killed, exit 124, `timed_out`); memory (cgroup limit: the kernel's OOM killer ends
   the command, exit 137; without the cgroup RLIMIT_AS = memory_mb: allocation fails, MemoryError);
   processes and threads (`pids.max` = max_procs + bwrap's 2; without the cgroup RLIMIT_NPROC for a
-  non-root user); file size (RLIMIT_FSIZE = max_file_mb: the write fails with EFBIG); /tmp is a tmpfs
-  of at most memory_mb.
+  non-root user); file size (RLIMIT_FSIZE = max_file_mb: the write fails with EFBIG); the workspace's
+  total size (disk_mb, measured while the command runs: killed, exit 153); /tmp is a tmpfs of at most
+  memory_mb. Tested as root and as an unprivileged user.
 - Output: stdout and stderr interleaved in one pipe, kept to `Limits.output_bytes` (head and tail) with
   `[... N bytes truncated ...]` in the middle and `RunResult.truncated` set.
 - Cleanup: when `run` returns, no process of the command is left: bwrap's pid namespace dies with its
@@ -47,25 +50,37 @@ What is not covered:
 - The system directories and the runtime are readable in full: anything installed there (other
   packages' data, for example) is visible, only the two directories above are hidden.
 - Only a top-level `.git` is hidden; a repository nested deeper in the workspace is visible.
-- cgroup v2-only hosts get rlimits only (no per-run v2 cgroup yet); RLIMIT_AS counts address space, so
-  under it a multi-threaded program may fail long before using memory_mb of memory.
-- Disk use inside the workspace is bounded per file (max_file_mb), not in total.
+- Root without a pids cgroup (v1 not writable, v2 offering no writable parent) has no process-count
+  limit but the wall clock (`flywheel sandbox run` warns). RLIMIT_AS counts address space, so under it
+  a multi-threaded program may fail long before using memory_mb of memory.
+- The disk budget is measured, not enforced by the kernel: a command can overshoot it by what it writes
+  between two measurements (tens of MB), and the files stay (see `disk.py`).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 
 from flywheel.protocols import Sandbox
+from flywheel.registry import choose
 from flywheel.sandbox.common import SandboxError
+from flywheel.sandbox.limits import enforced_limits, unenforced_warning, warn_unenforced
 
 BACKENDS: dict[str, str] = {
     "bwrap": "flywheel.sandbox.bwrap:BwrapSandbox",
     "fallback": "flywheel.sandbox.fallback:FallbackSandbox",
 }
 
-__all__ = ["BACKENDS", "SandboxError", "available_backends", "default_backend", "get_sandbox"]
+__all__ = [
+    "BACKENDS",
+    "SandboxError",
+    "available_backends",
+    "default_backend",
+    "enforced_limits",
+    "get_sandbox",
+    "unenforced_warning",
+    "warn_unenforced",
+]
 
 
 def default_backend() -> str:
@@ -87,8 +102,4 @@ def available_backends() -> list[str]:
 
 def get_sandbox(name: str | None = None) -> Sandbox:
     """The sandbox backend called `name` (default: `default_backend()`)."""
-    name = name or default_backend()
-    if name not in BACKENDS:
-        raise SandboxError(f"unknown sandbox backend {name!r} (known: {', '.join(BACKENDS)})")
-    module, _, attr = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), attr)()
+    return choose(BACKENDS, name or default_backend(), "sandbox backend", SandboxError)()

@@ -22,9 +22,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from flywheel.protocols import Limits, RunResult
+from flywheel.sandbox.cgroups import create_cgroup
 from flywheel.sandbox.common import SandboxError, check_request
+from flywheel.sandbox.disk import DiskBudget
 from flywheel.sandbox.layout import SYSTEM_PATH, Layout, base_env, host_layout
-from flywheel.sandbox.limits import create_cgroup, launcher, rlimits
+from flywheel.sandbox.limits import launcher, rlimits
 from flywheel.sandbox.supervise import run_supervised
 
 WORKSPACE = "/workspace"
@@ -146,6 +148,8 @@ class BwrapSandbox:
         cgroup = create_cgroup(limits, OVERHEAD_PROCS, self.use_cgroups)
         try:
             full = launcher(cmd, cgroup, rlimits(limits, cgroup))
-            return run_supervised(full, cwd="/", env={"PATH": SYSTEM_PATH}, limits=limits, cgroup=cgroup)
+            disk = DiskBudget([workspace, *(extra_rw or {})], limits.disk_mb * MB)
+            env = {"PATH": SYSTEM_PATH}
+            return run_supervised(full, cwd="/", env=env, limits=limits, cgroup=cgroup, disk=disk)
         finally:
             cgroup.remove()

@@ -23,12 +23,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from flywheel.protocols import Limits, RunResult
+from flywheel.sandbox.cgroups import create_cgroup
 from flywheel.sandbox.common import SandboxError, check_request
+from flywheel.sandbox.disk import DiskBudget
 from flywheel.sandbox.layout import base_env, host_layout
-from flywheel.sandbox.limits import create_cgroup, launcher, rlimits
+from flywheel.sandbox.limits import launcher, rlimits
 from flywheel.sandbox.supervise import run_supervised
 
 WORKSPACE = "/workspace"
+MB = 1024 * 1024
 
 
 @functools.cache
@@ -92,6 +95,9 @@ class FallbackSandbox:
             full_env = {**base_env(host_layout().path, home), **user_env}
             try:
                 full = launcher(cmd, cgroup, rlimits(limits, cgroup))
-                return run_supervised(full, cwd=workspace, env=full_env, limits=limits, cgroup=cgroup)
+                disk = DiskBudget([workspace, *(extra_rw or {})], limits.disk_mb * MB)
+                return run_supervised(
+                    full, cwd=workspace, env=full_env, limits=limits, cgroup=cgroup, disk=disk
+                )
             finally:
                 cgroup.remove()

@@ -1,11 +1,12 @@
-"""Start a command, capture its output, enforce the wall-clock limit, and leave nothing behind.
+"""Start a command, capture its output, enforce the wall-clock limit and the disk budget, leave nothing behind.
 
 One thread does it all: an epoll loop waits on the output pipe and on a pidfd of the started process
-(no polling, no sleeps), so a run costs one fork/exec plus what the command itself takes. When the
-process exits, or the deadline passes, everything the run started is killed: the process group (the
-command is a session leader), then every process still in the run's cgroup, and only then is the last
-output drained and the process reaped. A process outside both (possible only without cgroups) that
-holds the output pipe is waited for at most `DRAIN_S` seconds.
+(no polling of the process), so a run costs one fork/exec plus what the command itself takes. The loop
+wakes as well when the disk budget's next measurement is due (`disk.py`). When the process exits, the
+deadline passes or the workspace is over its budget, everything the run started is killed: the process
+group (the command is a session leader), then every process still in the run's cgroup, and only then is
+the last output drained and the process reaped. A process outside both (possible only without cgroups)
+that holds the output pipe is waited for at most `DRAIN_S` seconds.
 """
 
 from __future__ import annotations
@@ -20,17 +21,25 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from flywheel.protocols import Limits, RunResult
-from flywheel.sandbox.limits import RunCgroup
+from flywheel.sandbox.cgroups import RunCgroup
+from flywheel.sandbox.disk import DiskBudget
 from flywheel.sandbox.output import OutputBuffer
 
 DRAIN_S = 2.0
 TIMEOUT_EXIT = 124
+DISK_EXIT = 128 + signal.SIGXFSZ
 
 
 def run_supervised(
-    argv: list[str], *, cwd: Path | str, env: Mapping[str, str], limits: Limits, cgroup: RunCgroup
+    argv: list[str],
+    *,
+    cwd: Path | str,
+    env: Mapping[str, str],
+    limits: Limits,
+    cgroup: RunCgroup,
+    disk: DiskBudget | None = None,
 ) -> RunResult:
-    """Run `argv` to completion or timeout; the returned result's processes are all gone."""
+    """Run `argv` to completion, timeout or disk overrun; the returned result's processes are all gone."""
     start = time.perf_counter()
     buf = OutputBuffer(limits.output_bytes)
     proc = subprocess.Popen(
@@ -46,7 +55,7 @@ def run_supervised(
     assert proc.stdout is not None
     try:
         fd = proc.stdout.fileno()
-        out_open, exited = _pump(fd, proc.pid, buf, start + limits.timeout_s)
+        out_open, ended = _pump(fd, proc.pid, buf, start + limits.timeout_s, disk)
         _kill_everything(proc, cgroup)
         if out_open:
             _pump(fd, None, buf, time.perf_counter() + DRAIN_S)
@@ -56,11 +65,12 @@ def run_supervised(
         if proc.returncode is None:
             _kill_everything(proc, cgroup)
             proc.wait()
+    over = disk is not None and (ended == "disk" or (ended == "exit" and disk.exceeded()))
     output, truncated = buf.render()
     return RunResult(
-        exit_code=_exit_code(code) if exited else TIMEOUT_EXIT,
-        output=output,
-        timed_out=not exited,
+        exit_code=DISK_EXIT if over else TIMEOUT_EXIT if ended == "timeout" else _exit_code(code),
+        output=output + disk.note() if over else output,
+        timed_out=ended == "timeout",
         truncated=truncated,
         wall_s=time.perf_counter() - start,
     )
@@ -70,35 +80,41 @@ def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _pump(fd: int, pid: int | None, buf: OutputBuffer, deadline: float) -> tuple[bool, bool]:
-    """Feed output from `fd` into `buf` until process `pid` exits (no pid: until EOF) or `deadline`.
+def _pump(
+    fd: int, pid: int | None, buf: OutputBuffer, deadline: float, disk: DiskBudget | None = None
+) -> tuple[bool, str]:
+    """Feed output from `fd` into `buf` until process `pid` exits (no pid: until EOF), `deadline`, or the
+    disk budget is exceeded.
 
-    Returns (output still open, process exited).
+    Returns (output still open, why it stopped: "exit", "timeout", "disk" or "eof").
     """
     sel = selectors.DefaultSelector()
     sel.register(fd, selectors.EVENT_READ, "out")
     pidfd = os.pidfd_open(pid) if pid is not None else None
     if pidfd is not None:
         sel.register(pidfd, selectors.EVENT_READ, "exit")
-    out_open, exited = True, False
+    out_open = True
     try:
-        while (out_open or pidfd is not None) and not exited:
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0:
-                break
-            for key, _ in sel.select(remaining):
+        while out_open or pidfd is not None:
+            now = time.perf_counter()
+            if now >= deadline:
+                return out_open, "timeout"
+            if disk is not None and now >= disk.next_at and disk.exceeded():
+                return out_open, "disk"
+            wake = deadline if disk is None else min(deadline, disk.next_at)
+            for key, _ in sel.select(max(0.0, wake - now)):
                 if key.data == "exit":
-                    exited = True
-                elif chunk := os.read(fd, 1 << 16):
+                    return out_open, "exit"
+                if chunk := os.read(fd, 1 << 16):
                     buf.feed(chunk)
                 else:
                     out_open = False
                     sel.unregister(fd)
+        return out_open, "eof"
     finally:
         sel.close()
         if pidfd is not None:
             os.close(pidfd)
-    return out_open, exited
 
 
 def _kill_everything(proc: subprocess.Popen, cgroup: RunCgroup) -> None:

@@ -38,11 +38,12 @@ Rates = dict[str, tuple[int, int]]  # task id -> (successes, attempts)
 def pass_rates(records: Iterable[Trajectory], *, min_policy_version: int | None = None) -> Rates:
     """(successes, attempts) per task id from trajectory records (their task, success and policy version).
 
-    With `min_policy_version`, only attempts by that policy version or a later one count.
+    With `min_policy_version`, only attempts by that policy version or a later one count. An attempt the
+    infrastructure failed (`infra_failure`) says nothing about the task and does not count.
     """
     rates: Rates = {}
     for r in records:
-        if min_policy_version is not None and r.policy_version < min_policy_version:
+        if r.infra_failure or (min_policy_version is not None and r.policy_version < min_policy_version):
             continue
         s, n = rates.get(r.task_id, (0, 0))
         rates[r.task_id] = (s + r.success, n + 1)
