@@ -383,11 +383,8 @@ def _train_top(model, k: int) -> None:
         raise FlywheelError(f"train.{e}") from None
 
 
-def run_sft(cfg: SftConfig, out: Path) -> Path:
-    """Collect, build, train and save the base policy into `out` (which must not exist or be empty)."""
-    from flywheel.models.torch_engine import load_torch_model
-
-    out = Path(out)
+def check_sft(cfg: SftConfig, out: Path) -> None:
+    """Refuse an output directory in use and settings that cannot train, naming the key."""
     if out.exists() and any(out.iterdir()):
         raise FlywheelError(f"{out}: exists and is not empty; choose another --out")
     if not 0 <= cfg.train.context_weight < 1:
@@ -402,17 +399,48 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
             f"data.shift = {cfg.data.shift}, data.copies = {cfg.data.copies}: the shift must be "
             "0 or more and the copies 1 or more"
         )
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    m = cfg.model
-    engine = load_torch_model(m.init) if m.init else None  # first, so that a bad train_layers costs no work
-    if engine is not None:
-        _train_top(engine.model, cfg.train.train_layers)
-    elif not 0 <= cfg.train.train_layers <= m.layers:
+    if not cfg.model.init and not 0 <= cfg.train.train_layers <= cfg.model.layers:
         raise FlywheelError(
             f"train.train_layers = {cfg.train.train_layers}: must be 0 (all) or at most the "
-            f"model's {m.layers} layers"
+            f"model's {cfg.model.layers} layers"
         )
+
+
+def new_tiny_model(cfg: SftConfig, work: Path, texts: list[str]):
+    """A fresh tiny model with a tokenizer trained on `texts`, written to `work` and loaded."""
+    from flywheel.models.torch_engine import load_torch_model
+
+    m = cfg.model
+    build_tiny_model(
+        work,
+        texts,
+        vocab_size=m.vocab_size,
+        hidden=m.hidden,
+        layers=m.layers,
+        heads=m.heads,
+        max_positions=m.max_positions,
+        seed=cfg.seed,
+        max_token_chars=m.max_token_chars,
+        split_symbols=m.split_symbols,
+    )
+    engine = load_torch_model(f"hf:{work}")
+    _train_top(engine.model, cfg.train.train_layers)
+    return engine
+
+
+def run_sft(cfg: SftConfig, out: Path) -> Path:
+    """Collect, build, train and save the base policy into `out` (which must not exist or be empty)."""
+    from flywheel.models.torch_engine import load_torch_model
+
+    out = Path(out)
+    check_sft(cfg, out)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    engine = (
+        load_torch_model(cfg.model.init) if cfg.model.init else None
+    )  # first: a bad train_layers costs no work
+    if engine is not None:
+        _train_top(engine.model, cfg.train.train_layers)
     t0 = time.perf_counter()
     records = collect(cfg)
     conversations = augmented([messages_of(r) for r in records], records, cfg)
@@ -423,20 +451,7 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
         work.mkdir(parents=True)
         engine.tokenizer.save_pretrained(work)
     else:
-        build_tiny_model(
-            work,
-            texts,
-            vocab_size=m.vocab_size,
-            hidden=m.hidden,
-            layers=m.layers,
-            heads=m.heads,
-            max_positions=m.max_positions,
-            seed=cfg.seed,
-            max_token_chars=m.max_token_chars,
-            split_symbols=m.split_symbols,
-        )
-        engine = load_torch_model(f"hf:{work}")
-        _train_top(engine.model, cfg.train.train_layers)  # an init model's layers were chosen when it loaded
+        engine = new_tiny_model(cfg, work, texts)
     model, tokenizer = engine.model, engine.tokenizer
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
