@@ -15,6 +15,11 @@ An attempt the infrastructure ended (the model server erred, the sandbox or the 
 cause in `infra_failure` (`INFRA_CAUSES`): it is kept, but it says nothing about the policy, so the trainer
 leaves it out of its group's baseline and advantages and evaluation reports it apart from the success
 rate. Without one, the attempt ended by the policy's own doing (`flywheel.harness.agent` sets both).
+
+A Fusion attempt (`flywheel.fusion`) is the lead's record with the sidekick's episodes nested in
+`sidekick`, each a whole record of its own (model turns with token ids and log-probs where the model is
+in-process, so either side can be trained on), and `fusion` saying what the attempt was made of; its `cost`
+is the sum of both sides' (`fusion["lead_cost"]` and `fusion["sidekick_cost"]`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,15 @@ from flywheel.errors import FlywheelError
 from flywheel.protocols import Verdict
 
 REPLAY_KEYS = ("kept", "prompt_ids", "logprobs")  # per-token data only the trainer reads
-OPTIONAL = ("infra_failure", "pool", "renamed_from", "step", "rl")  # written only when set
+OPTIONAL = (
+    "infra_failure",
+    "pool",
+    "renamed_from",
+    "step",
+    "rl",
+    "sidekick",
+    "fusion",
+)  # written only when set
 LEGACY = ("reward", "loop_version")  # keys older files carry, dropped on reading
 INFRA_CAUSES = ("model_server", "sandbox", "grader", "pool_lost")  # `Trajectory.infra_failure`'s values
 
@@ -71,6 +84,9 @@ class Trajectory:
     renamed_from: str | None = None  # for a renamed copy of a task, the original's id
     step: int | None = None  # the trainer step that used it
     rl: dict[str, float] | None = None  # the trainer's score: reward, advantage, cost, lambda, ...
+    sidekick: list[Trajectory] | None = None  # Fusion: the sidekick's episodes, one per delegation
+    # Fusion: lead, sidekick (model names), delegations, take_overs, lead_cost, sidekick_cost
+    fusion: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of one line of trajectories.jsonl; optional fields only when set."""
@@ -85,6 +101,8 @@ class Trajectory:
                 }
             elif f.name == "verdict":
                 out["verdict"] = self.verdict.to_json() if self.verdict else None
+            elif f.name == "sidekick":
+                out["sidekick"] = [t.to_json() for t in self.sidekick or []]
             else:
                 out[f.name] = getattr(self, f.name)
         return out
@@ -100,7 +118,9 @@ class Trajectory:
         missing = [k for k in ("id", "task_id", "effort") if k not in data]
         if missing:
             raise FlywheelError(f"trajectory record {data.get('id', '?')}: missing key '{missing[0]}'")
-        kw = {k: v for k, v in data.items() if k in names and k not in ("usage", "verdict")}
+        kw = {k: v for k, v in data.items() if k in names and k not in ("usage", "verdict", "sidekick")}
+        if data.get("sidekick") is not None:
+            kw["sidekick"] = [cls.from_json(t) for t in data["sidekick"]]
         usage = data.get("usage") or {}
         try:
             verdict = Verdict.from_json(data["verdict"]) if data.get("verdict") is not None else None
@@ -116,7 +136,8 @@ class Trajectory:
     def lite(self) -> Trajectory:
         """A copy without the per-token replay data (kept sets, prompt ids, log-probs): for logs."""
         turns = [{k: v for k, v in t.items() if k not in REPLAY_KEYS} for t in self.turns]
-        return replace(self, turns=turns)
+        sidekick = [t.lite() for t in self.sidekick] if self.sidekick is not None else None
+        return replace(self, turns=turns, sidekick=sidekick)
 
 
 def json_line(t: Trajectory) -> str:

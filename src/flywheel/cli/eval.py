@@ -1,21 +1,37 @@
-"""`flywheel eval`: run a suite through the harness and write trajectories and a summary."""
+"""`flywheel eval`: run a suite through the harness and write trajectories and a summary.
+
+With `--lead` and `--sidekick` instead of `--model`, each attempt is Fusion's (`flywheel.fusion`): the lead
+works with a `delegate` tool that runs the sidekick in its workspace.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from flywheel.models import SPECS
 from flywheel.record import Trajectory
 
+if TYPE_CHECKING:
+    from flywheel.harness import HarnessConfig
+    from flywheel.protocols import Model
+
 
 def eval_(
     suite: str = typer.Option(
         ..., "--suite", help="A built-in suite (toybugs, humaneval) or a task directory."
     ),
-    model: str = typer.Option(..., "--model", help=f"{SPECS}."),
+    model: str = typer.Option(None, "--model", help=f"{SPECS} (or scripted-lead)."),
+    lead: str = typer.Option(
+        None, "--lead", help="Fusion: the lead's model (any --model spec); needs --sidekick."
+    ),
+    sidekick: str = typer.Option(None, "--sidekick", help="Fusion: the sidekick's model, run by `delegate`."),
+    sidekick_effort: str = typer.Option(
+        None, "--sidekick-effort", help="Fusion: the sidekick's effort level (default: --effort)."
+    ),
     out: Path = typer.Option(
         ..., "--out", help="Run directory: trajectories.jsonl and summary.json go here."
     ),
@@ -30,32 +46,40 @@ def eval_(
         help="Groups of those episodes that take turns: one generates while the others' "
         "commands run (1: all step together).",
     ),
-    base_url: str = typer.Option(None, "--base-url", help="Server URL for openai:NAME models."),
+    base_url: str = typer.Option(
+        None, "--base-url", help="Server URL for openai:NAME models (Fusion: the lead's, and the sidekick's)."
+    ),
+    sidekick_base_url: str = typer.Option(
+        None, "--sidekick-base-url", help="Fusion: the sidekick's server URL, when not --base-url."
+    ),
     temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling temperature."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Top-p (nucleus) sampling."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampler and of noisy oracles."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run directory's results."),
 ) -> None:
-    """Evaluate MODEL on SUITE at one effort level; prints the summary as JSON."""
+    """Evaluate MODEL (or a LEAD with its SIDEKICK) on SUITE at one effort level; prints the summary as JSON."""
+    from flywheel.errors import FlywheelError
     from flywheel.eval import run_eval, write_summary
-    from flywheel.harness import HarnessConfig, get_effort
-    from flywheel.models import get_model
+    from flywheel.eval.run import rollout
+    from flywheel.fusion import Fusion, FusionConfig
+    from flywheel.harness import get_effort
     from flywheel.progress import progress
     from flywheel.tasks import load_suite
 
+    if bool(lead) != bool(sidekick) or bool(model) == bool(lead):
+        raise FlywheelError("give --model, or --lead and --sidekick (Fusion)")
     get_effort(effort)  # a bad effort fails before anything loads
+    if sidekick_effort:
+        get_effort(sidekick_effort)
     tasks = load_suite(suite, split=split)
     tasks = tasks[:limit] if limit else tasks
-    opts = {"base_url": base_url} if model.startswith("openai:") else {}
-    policy = get_model(model, seed=seed, **opts) if model.startswith("scripted") else get_model(model, **opts)
-    learned = {}
-    if model.startswith("hf:"):  # a `flywheel sft` base is evaluated under the harness settings it learned
-        from flywheel.sft import trained_harness
-
-        learned = trained_harness(model)
-    cfg = HarnessConfig(temperature=temperature, top_p=top_p, cohorts=cohorts, **learned)
+    policy, cfg = _policy(lead or model, base_url, seed, temperature, top_p, cohorts)
+    runner = rollout
+    if sidekick:
+        helper, helper_cfg = _policy(sidekick, sidekick_base_url or base_url, seed, temperature, top_p, 1)
+        runner = Fusion(helper, helper_cfg, FusionConfig(sidekick_effort=sidekick_effort)).rollout
     wins = []
-    with progress(f"eval {model}", len(tasks)) as advance:
+    with progress(f"eval {lead or model}", len(tasks)) as advance:
 
         def tick(record: Trajectory) -> None:
             wins.append(record.success)
@@ -72,9 +96,27 @@ def eval_(
                 cfg=cfg,
                 on_record=tick,
                 overwrite=overwrite,
+                runner=runner,
             )
         except KeyboardInterrupt:
             summary = write_summary(out, model_name=policy.name, effort=effort, interrupted=True)
             typer.echo(f"interrupted: kept {summary['n']} finished trajectories in {out}", err=True)
             raise typer.Exit(130) from None
     typer.echo(json.dumps(summary, indent=1))
+
+
+def _policy(
+    spec: str, base_url: str | None, seed: int, temperature: float, top_p: float, cohorts: int
+) -> tuple[Model, HarnessConfig]:
+    """The model named by `spec` and the harness settings it runs under."""
+    from flywheel.fusion import load_model
+    from flywheel.harness import HarnessConfig
+
+    opts = {"base_url": base_url} if spec.startswith("openai:") else {}
+    policy = load_model(spec, seed=seed, **opts) if spec.startswith("scripted") else load_model(spec, **opts)
+    learned = {}
+    if spec.startswith("hf:"):  # a `flywheel sft` base is evaluated under the harness settings it learned
+        from flywheel.sft import trained_harness
+
+        learned = trained_harness(spec)
+    return policy, HarnessConfig(temperature=temperature, top_p=top_p, cohorts=cohorts, **learned)

@@ -52,7 +52,8 @@ def summarize(records: Iterable[Trajectory]) -> dict[str, Any]:
     (`Trajectory.infra_failure`) are reported apart, `infra_failures` and `infra_causes` ({cause: count}),
     and the success rate, its interval, the successes and the means and medians are over the other
     `n_valid` attempts only, so that an outage does not read as a worse policy. `format_errors` and
-    `cheats` count over every attempt.
+    `cheats` count over every attempt. Fusion's records (`Trajectory.fusion`) add the means of each side's
+    cost and the delegations and take-overs per attempt.
     """
     records = list(records)
     valid = [r for r in records if r.infra_failure is None]
@@ -78,6 +79,22 @@ def summarize(records: Iterable[Trajectory]) -> dict[str, Any]:
         "format_errors": sum(r.format_errors for r in records),
         "cheats": sum(bool(r.verdict and r.verdict.cheat) for r in records),
         "endings": dict(sorted(Counter(r.ending for r in records).items())),
+        **_fusion_summary([r.fusion for r in valid if r.fusion is not None]),
+    }
+
+
+def _fusion_summary(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Fusion's means over its valid attempts; nothing when no record is Fusion's."""
+    if not parts:
+        return {}
+    return {
+        key: statistics.fmean(float(p.get(field, 0)) for p in parts)
+        for key, field in (
+            ("mean_lead_cost", "lead_cost"),
+            ("mean_sidekick_cost", "sidekick_cost"),
+            ("delegations_per_attempt", "delegations"),
+            ("take_overs_per_attempt", "take_overs"),
+        )
     }
 
 
@@ -92,8 +109,12 @@ def run_eval(
     cfg: HarnessConfig | None = None,
     on_record: Callable[[Trajectory], None] | None = None,
     overwrite: bool = False,
+    runner: Callable[..., list[Trajectory]] = rollout,
 ) -> dict[str, Any]:
-    """Evaluate `model` on `tasks` at one effort level; returns the summary also written to summary.json."""
+    """Evaluate `model` on `tasks` at one effort level; returns the summary also written to summary.json.
+
+    `runner` runs the episodes, with `rollout`'s signature: Fusion passes its own (`flywheel.fusion`), with
+    the lead as `model`."""
     out = Path(out)
     traj_path = out / "trajectories.jsonl"
     if traj_path.exists() and not overwrite:
@@ -109,7 +130,7 @@ def run_eval(
                 on_record(record)
 
         try:
-            rollout(
+            runner(
                 model,
                 specs,
                 cfg or HarnessConfig(),

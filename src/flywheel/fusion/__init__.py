@@ -1,0 +1,264 @@
+"""Fusion: a lead agent and a less expensive sidekick, each with its own model and its own context.
+
+The lead (often a frontier model) interprets the task, plans and reviews; the sidekick (often the
+RL-trained model) explores, implements and tests what the lead hands it. The lead is an ordinary harness
+episode with one tool more, `delegate` (`flywheel.models.actions.DELEGATE`, offered through the harness's
+`ExtraTools` hook; a plain agent never sees it). A delegation runs one whole sidekick episode under the
+harness in the lead's own workspace (`EpisodeSpec.workspace`): its own tools, budgets, effort level and
+conversation, which starts from the task and the lead's instruction. Its report is the tool's output
+(`sidekick_report`): the diff it made against the workspace as it was before the delegation, the tests it
+ran and their last result, how it ended, and its last message. The lead may then review (view,
+run_tests), delegate again with corrections, take over and edit itself, or submit. A sidekick that crashes
+or runs out of budget is such a report, never a crashed attempt.
+
+The attempt is graded once, at the lead's end (a sidekick's episode in a borrowed workspace is not
+graded); the exploit detector reads both sides' actions. Each side keeps its own budgets and cost: the
+lead's budgets count its own turns, tokens and seconds (a delegation's time is the sidekick's, not the
+lead's tool time). The record is the lead's (`flywheel.record.Trajectory`) with its `cost` the sum of both
+sides', `fusion` splitting it (`lead_cost`, `sidekick_cost`, `delegations`, `take_overs`), and the
+sidekick's episodes nested whole in `sidekick`, so that either side can be trained on later.
+
+What is not covered: delegations run one at a time (a lock), whatever the lead's concurrency; each
+delegation starts the sidekick from a fresh conversation (it knows earlier delegations only through the
+workspace and the lead's words); a take-over is counted when the lead's own `edit` succeeds after a
+delegation (a `shell` command that edits files is not counted).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort, run_episodes
+from flywheel.harness.agent import Episode, ExtraTools
+from flywheel.harness.tools import ToolResult
+from flywheel.models import get_model
+from flywheel.models.actions import DELEGATE, DELEGATE_STOP, Action
+from flywheel.protocols import Grader, Model, Sandbox, Verdict
+from flywheel.record import Trajectory
+from flywheel.sandbox import get_sandbox
+from flywheel.tasks.format import Task
+from flywheel.tasks.patch import make_patch, read_tree
+from flywheel.verify import default_grader
+
+LEAD_HELP = """You lead a sidekick: a less expensive engineer with its own tools, in this same repository.
+Delegate exploring, implementing and testing with a plan in words; review its report (its diff, the tests
+it ran, how it ended), then delegate again with corrections, take over and edit yourself, or submit.
+<delegate>INSTRUCTION</delegate>  hand work to the sidekick; its report comes back"""
+_CACHES = {"__pycache__", ".pytest_cache"}
+
+
+@dataclass
+class FusionConfig:
+    """How the sidekick is run; the lead's episodes take the harness's `HarnessConfig`."""
+
+    sidekick_effort: str | None = None  # the sidekick's effort level; None: the lead's episode's
+    max_delegations: int = 4  # per attempt; past them `delegate` is refused
+    report_chars: int = 1200  # of the diff, the last test output and the last message each, in a report
+
+
+class Fusion:
+    """Runs lead episodes whose `delegate` runs a sidekick episode in the lead's workspace.
+
+    `rollout` has the signature of `flywheel.eval.run.rollout`, with the lead as its model, so evaluation
+    runs Fusion as it runs a single policy (`flywheel.eval.run_eval(..., runner=fusion.rollout)`).
+    """
+
+    def __init__(
+        self,
+        sidekick: Model,
+        sidekick_cfg: HarnessConfig | None = None,
+        config: FusionConfig | None = None,
+    ):
+        self.sidekick, self.sidekick_cfg = sidekick, sidekick_cfg or HarnessConfig()
+        self.config = config or FusionConfig()
+        self._lock = threading.Lock()  # one delegation at a time
+        self._episodes: dict[str, list[Trajectory]] = {}  # lead episode id -> its sidekick's episodes
+        self._owners: dict[Path, str] = {}  # lead workspace -> lead episode id, for the grader
+
+    def rollout(
+        self,
+        lead: Model,
+        specs: Sequence[EpisodeSpec],
+        cfg: HarnessConfig,
+        *,
+        concurrency: int = 8,
+        sandbox: Sandbox | None = None,
+        grader: Grader | None = None,
+        on_record: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """Run and grade every lead episode with its delegations; records sorted by episode id."""
+        sandbox = sandbox or get_sandbox()
+        grader = grader or default_grader(sandbox)
+        extra = ExtraTools(
+            names=("delegate",),
+            schema=(DELEGATE,),
+            help=LEAD_HELP,
+            stop=(DELEGATE_STOP,),
+            run=functools.partial(self._delegate, sandbox),
+        )
+
+        def grade(task: Task, workspace: Path, trajectory: dict[str, Any]) -> Verdict:
+            with self._lock:
+                owner = self._owners.pop(Path(workspace).resolve(), None)
+                sidekick = list(self._episodes.get(owner, [])) if owner else []
+            turns = [*trajectory["turns"], *(_detector_turn(t) for t in sidekick)]
+            return grader(task, workspace, {**trajectory, "turns": turns})
+
+        def done(record: Trajectory) -> None:
+            with self._lock:
+                sidekick = self._episodes.pop(record.id, [])
+            attach(record, sidekick, self.sidekick.name)
+            if on_record:
+                on_record(record)
+
+        records = run_episodes(
+            specs,
+            lead,
+            cfg=cfg,
+            sandbox=sandbox,
+            grader=grade,
+            concurrency=concurrency,
+            on_record=done,
+            extra_tools=extra,
+        )
+        return sorted(records, key=lambda r: r.id)
+
+    def _delegate(self, sandbox: Sandbox, ep: Episode, action: Action) -> ToolResult:
+        """Run one sidekick episode in `ep`'s workspace; its report is the lead's observation."""
+        with self._lock:
+            ws = ep.tools.workspace
+            self._owners[ws] = ep.spec.id
+            done = self._episodes.setdefault(ep.spec.id, [])
+            k = len(done) + 1
+            if k > self.config.max_delegations:
+                return ToolResult(
+                    f"error: no delegations left ({self.config.max_delegations} per attempt)", ok=False
+                )
+            spec = sidekick_spec(ep.spec, action.args["instruction"], k, ws, self.config.sidekick_effort)
+            before = _tree(ws)
+            record = self._run_sidekick(spec, sandbox)
+            after = _tree(ws)
+            done.append(record)
+        diff = make_patch(before, after)
+        return ToolResult(sidekick_report(record, diff, k, self.config.report_chars), edited=before != after)
+
+    def _run_sidekick(self, spec: EpisodeSpec, sandbox: Sandbox) -> Trajectory:
+        """The sidekick's record; a sidekick whose model raised (a backend that broke the `Model` contract)
+        is recorded as a `model_error`, not raised."""
+        try:
+            [record] = run_episodes(
+                [spec], self.sidekick, cfg=self.sidekick_cfg, sandbox=sandbox, concurrency=1
+            )
+        except Exception as e:  # the lead's tool result, never its crash
+            return Trajectory(
+                id=spec.id,
+                task_id=spec.task.id,
+                effort=spec.effort.name,
+                seed=spec.seed,
+                index=spec.index,
+                model=self.sidekick.name,
+                ending="model_error",
+                error=f"the sidekick crashed: {e!r}"[:500],
+                infra_failure="model_server",
+            )
+        return record
+
+
+def sidekick_spec(
+    lead: EpisodeSpec, instruction: str, k: int, workspace: Path, effort: str | None
+) -> EpisodeSpec:
+    """The `k`-th delegation's episode: the lead's task, told the lead's instruction, in the lead's
+    workspace, at `effort` (None: the lead's); its id is the lead's with `/sidekick<k>` after it."""
+    task = replace(
+        lead.task, instruction=f"{lead.task.instruction.strip()}\n\nYour lead asks:\n{instruction}"
+    )
+    variant = f"{lead.variant}/sidekick{k}" if lead.variant else f"sidekick{k}"
+    return replace(
+        lead,
+        task=task,
+        effort=get_effort(effort) if effort else lead.effort,
+        variant=variant,
+        workspace=workspace,
+    )
+
+
+def sidekick_report(record: Trajectory, diff: str, k: int, limit: int = 1200) -> str:
+    """What the lead reads after delegation `k`: the sidekick's ending, its diff, its tests, its last word."""
+    ending = f"{record.ending}" + (f" ({record.error})" if record.error else "")
+    tests = [t for t in record.turns if t["role"] == "tool" and t.get("name") == "run_tests"]
+    last = next((t for t in reversed(record.turns) if t["role"] == "assistant"), None)
+    said = (last.get("text") or "") if last else ""
+    if last and not said and last.get("tool_calls"):
+        said = "; ".join(f"{c['name']} {c.get('arguments') or {}}" for c in last["tool_calls"])
+    parts = [
+        f"sidekick report (delegation {k}): it ended with {ending} after {record.n_turns} turns, "
+        f"costing ${record.cost:.6f}.",
+        "its changes (a diff against the repository before this delegation):",
+        _cut(diff, limit) if diff else "(no changes)",
+        f"it ran the tests {len(tests)} time(s)" + ("; the last result:" if tests else "."),
+        *([_cut(tests[-1]["text"], limit)] if tests else []),
+        "its last message:",
+        _cut(said, limit) or "(none)",
+    ]
+    return "\n".join(parts)
+
+
+def attach(record: Trajectory, sidekick: list[Trajectory], sidekick_model: str) -> None:
+    """Make the lead's `record` the attempt's: nest the sidekick's episodes, sum the costs, count."""
+    lead_cost = record.cost
+    sidekick_cost = sum(t.cost for t in sidekick)
+    record.sidekick = sidekick
+    record.cost = lead_cost + sidekick_cost
+    record.fusion = {
+        "lead": record.model,
+        "sidekick": sidekick_model,
+        "delegations": len(sidekick),
+        "take_overs": take_overs(record.turns),
+        "lead_cost": lead_cost,
+        "sidekick_cost": sidekick_cost,
+    }
+
+
+def take_overs(turns: Sequence[dict[str, Any]]) -> int:
+    """Times the lead edited the repository itself after a delegation (once per delegation at most)."""
+    count, pending = 0, False
+    for t in turns:
+        if t["role"] != "tool":
+            continue
+        if t.get("name") == "delegate":
+            pending = True
+        elif pending and t.get("name") == "edit" and t.get("ok"):
+            count, pending = count + 1, False
+    return count
+
+
+def _detector_turn(record: Trajectory) -> dict[str, Any]:
+    """The sidekick's actions in the shape the exploit detector reads (as the harness gives the lead's)."""
+    calls = [
+        {"name": t["name"], "arguments": t.get("arguments") or {}}
+        for t in record.turns
+        if t["role"] == "tool" and t.get("name") in ("shell", "view", "edit")
+    ]
+    return {"role": "assistant", "tool_calls": calls}
+
+
+def _tree(workspace: Path) -> dict[str, str]:
+    return {p: text for p, text in read_tree(workspace).items() if not _CACHES & set(p.split("/"))}
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[: limit // 2]}\n[...]\n{text[-limit // 2 :]}"
+
+
+def load_model(spec: str, **opts: Any) -> Model:
+    """`flywheel.models.get_model`, plus `scripted-lead` (`flywheel.fusion.scripted`), for either side."""
+    if spec == "scripted-lead":
+        from flywheel.fusion.scripted import ScriptedLead
+
+        return ScriptedLead()
+    return get_model(spec, **opts)

@@ -21,6 +21,11 @@ the time its tools took plus its share of each batched generation call (by compl
 the cost of an attempt does not depend on how many other episodes ran beside it. The effort's time limit
 counts the same seconds, for the same reason; the record's `wall_s` is the elapsed time a user would have
 waited.
+
+Two hooks serve agents built on top of the harness (Fusion's lead, `flywheel.fusion`): `ExtraTools` adds
+tools the harness does not own (their schema, help and stop strings, and a callable that runs them), and
+`EpisodeSpec.workspace` runs an episode in a workspace that someone else owns: it is neither copied, nor
+graded (its owner grades it), nor deleted at the end.
 """
 
 from __future__ import annotations
@@ -40,8 +45,17 @@ from typing import Any
 from flywheel.harness.cost import Pricing, pricing_for
 from flywheel.harness.effort import Effort
 from flywheel.harness.prompts import system_prompt, task_message
-from flywheel.harness.tools import Tools
-from flywheel.models.actions import STOP, TOOLS, Action, FormatError, parse_native, parse_tagged, restore_stop
+from flywheel.harness.tools import ToolResult, Tools
+from flywheel.models.actions import (
+    STOP,
+    TOOL_NAMES,
+    TOOLS,
+    Action,
+    FormatError,
+    parse_native,
+    parse_tagged,
+    restore_stop,
+)
 from flywheel.protocols import Completion, Grader, Model, Request, Sandbox, Verdict
 from flywheel.record import Trajectory
 from flywheel.sandbox import get_sandbox
@@ -86,6 +100,7 @@ class EpisodeSpec:
     seed: int = 0
     index: int = 0  # sample number within its (task, effort) group
     variant: str = ""  # tells apart episodes that share everything else, e.g. the budgets of a ladder
+    workspace: Path | None = None  # an existing workspace to work in: not copied, graded or deleted here
 
     @property
     def stream(self) -> str:
@@ -118,6 +133,24 @@ class Episode:
     error: str | None = None
     infra_failure: str | None = None  # what broke (`flywheel.record.INFRA_CAUSES`); None: the policy's ending
     model_name: str = ""
+    extra: ExtraTools | None = None
+
+
+@dataclass(frozen=True)
+class ExtraTools:
+    """Tools beyond the harness's own, offered to one run's episodes (Fusion's lead and its `delegate`).
+
+    The harness shows them (`schema` beside `TOOLS` for native calls, `help` after the tagged help), stops
+    on `stop` as on its own, parses them by `names`, and calls `run(episode, action)` for them in place of
+    `Tools.execute`. The episode's tool time counts only the result's `seconds`: the time `run` spends is
+    its own to account for (a sidekick's episode has its own budgets and cost).
+    """
+
+    names: tuple[str, ...]
+    schema: tuple[dict[str, Any], ...]
+    help: str
+    stop: tuple[str, ...]
+    run: Callable[[Episode, Action], ToolResult]
 
 
 def _fmt(model: Model, cfg: HarnessConfig) -> str:
@@ -126,23 +159,32 @@ def _fmt(model: Model, cfg: HarnessConfig) -> str:
     return "native" if getattr(model, "native_tools", False) else "tagged"
 
 
-def start_episode(spec: EpisodeSpec, sandbox: Sandbox, action_format: str, cfg: HarnessConfig) -> Episode:
-    """A fresh episode on its own copy of the task's repository; one whose copy failed has already ended
-    (`sandbox_error`)."""
-    ws = Path(tempfile.mkdtemp(prefix="flywheel-ep-")) / "repo"
+def start_episode(
+    spec: EpisodeSpec,
+    sandbox: Sandbox,
+    action_format: str,
+    cfg: HarnessConfig,
+    extra: ExtraTools | None = None,
+) -> Episode:
+    """A fresh episode on its own copy of the task's repository (or in `spec.workspace`); one whose copy
+    failed has already ended (`sandbox_error`)."""
+    ws = spec.workspace or Path(tempfile.mkdtemp(prefix="flywheel-ep-")) / "repo"
     tools = Tools(spec.task, ws, sandbox, cfg.command_timeout_s)
     try:
-        shutil.copytree(spec.task.repo, ws, symlinks=True)
+        if spec.workspace is None:
+            shutil.copytree(spec.task.repo, ws, symlinks=True)
     except OSError as e:  # shutil.Error included: the infrastructure's failure, not the policy's
-        ep = Episode(spec, tools, action_format, [], [])
+        ep = Episode(spec, tools, action_format, [], [], extra=extra)
         _infra_ending(ep, "sandbox_error", f"the workspace could not be copied: {e}")
         return ep
     files = sorted(p.relative_to(ws).as_posix() for p in ws.rglob("*") if p.is_file())
-    system = system_prompt(spec.effort, action_format)
+    if spec.workspace is not None:  # a borrowed workspace may hold what running the tests wrote
+        files = [f for f in files if not {"__pycache__", ".pytest_cache"} & set(f.split("/"))]
+    system = system_prompt(spec.effort, action_format) + (f"\n{extra.help}" if extra else "")
     user = task_message(spec.task, files)
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
     turns = [{"role": "system", "text": system}, {"role": "user", "text": user}]
-    return Episode(spec, tools, action_format, messages, turns)
+    return Episode(spec, tools, action_format, messages, turns, extra=extra)
 
 
 def _infra_ending(ep: Episode, ending: str, error: str) -> None:
@@ -159,8 +201,8 @@ def make_request(ep: Episode, cfg: HarnessConfig) -> Request:
         max_tokens=budget,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
-        stop=[] if native else list(STOP),
-        tools=TOOLS if native else None,
+        stop=[] if native else [*STOP, *(ep.extra.stop if ep.extra else ())],
+        tools=[*TOOLS, *(ep.extra.schema if ep.extra else ())] if native else None,
         seed=stable_seed(ep.spec.stream, ep.n_turns),
         meta={"task_dir": str(ep.spec.task.root), "episode": ep.spec.id, "turn": ep.n_turns},
     )
@@ -203,10 +245,12 @@ def observe(ep: Episode, c: Completion, gen_share_s: float, cfg: HarnessConfig) 
 
 
 def _act_tagged(ep: Episode, c: Completion, cfg: HarnessConfig) -> None:
-    text = restore_stop(c.text) if c.finish_reason == "stop" else c.text
+    names = _names(ep)
+    stops = [*STOP, *(ep.extra.stop if ep.extra else ())]
+    text = restore_stop(c.text, stops, names) if c.finish_reason == "stop" else c.text
     ep.messages.append({"role": "assistant", "content": text})
     try:
-        action = parse_tagged(text)
+        action = parse_tagged(text, names)
     except FormatError as e:
         _format_error(ep, str(e), cfg, {"role": "user", "content": f"error: {e}"})
         return
@@ -237,7 +281,7 @@ def _act_native(ep: Episode, c: Completion, cfg: HarnessConfig) -> None:
         return
     for t in calls:
         try:
-            action = parse_native(t)
+            action = parse_native(t, _names(ep))
         except FormatError as e:
             _format_error(
                 ep, str(e), cfg, {"role": "tool", "tool_call_id": t["id"], "content": f"error: {e}"}
@@ -247,6 +291,10 @@ def _act_native(ep: Episode, c: Completion, cfg: HarnessConfig) -> None:
         ep.messages.append({"role": "tool", "tool_call_id": t["id"], "content": text})
         if ep.ending:
             break
+
+
+def _names(ep: Episode) -> tuple[str, ...]:
+    return (*TOOL_NAMES, *ep.extra.names) if ep.extra else TOOL_NAMES
 
 
 def _format_error(ep: Episode, message: str, cfg: HarnessConfig, reply: dict[str, Any]) -> None:
@@ -261,10 +309,14 @@ def _format_error(ep: Episode, message: str, cfg: HarnessConfig, reply: dict[str
 def _execute(ep: Episode, action: Action, cfg: HarnessConfig) -> str:
     ep.format_errors_in_row = 0
     t0 = time.perf_counter()
-    result = ep.tools.execute(action)
-    # the whole call, not just the command's own run: sandbox setup and teardown (and the sandbox's
-    # one-time layout discovery on its first command) are the tool's cost, not the loop's
-    ep.tool_s += max(result.seconds, time.perf_counter() - t0)
+    if ep.extra and action.name in ep.extra.names:  # a tool the harness does not own: its seconds are its own
+        result = ep.extra.run(ep, action)
+        ep.tool_s += result.seconds
+    else:
+        result = ep.tools.execute(action)
+        # the whole call, not just the command's own run: sandbox setup and teardown (and the sandbox's
+        # one-time layout discovery on its first command) are the tool's cost, not the loop's
+        ep.tool_s += max(result.seconds, time.perf_counter() - t0)
     text = _clip(result.text, cfg.observation_chars)
     ep.turns.append(
         {"role": "tool", "name": action.name, "arguments": action.args, "text": text, "ok": result.ok}
@@ -337,17 +389,19 @@ def _detector_turns(ep: Episode) -> list[dict[str, Any]]:
 
 def finish(ep: Episode, cfg: HarnessConfig, grader: Grader | None) -> Trajectory:
     """Grade the episode's workspace and build its trajectory record; never raises. A crashing grader
-    marks the record an infrastructure failure ("grader"); an attempt the sandbox failed is not graded."""
+    marks the record an infrastructure failure ("grader"); an attempt the sandbox failed is not graded.
+    An episode in a borrowed workspace (`EpisodeSpec.workspace`) is neither graded nor deleted here."""
     wall_s = time.perf_counter() - ep.start  # the attempt itself, grading excluded
     verdict = None
+    borrowed = ep.spec.workspace is not None
     try:
-        if grader is not None and ep.infra_failure != "sandbox":
+        if grader is not None and ep.infra_failure != "sandbox" and not borrowed:
             verdict = _call_grader(grader, ep)
     except Exception as e:  # a grading crash is recorded, not raised
         verdict = Verdict(ep.spec.task.id, success=False, error=f"grader crashed: {e!r}")
         ep.infra_failure = ep.infra_failure or "grader"
     finally:
-        if not cfg.keep_workspaces:
+        if not cfg.keep_workspaces and not borrowed:
             shutil.rmtree(ep.tools.workspace.parent, ignore_errors=True)
     return Trajectory(
         id=ep.spec.id,
@@ -388,10 +442,12 @@ def run_episodes(
     grader: Grader | None = None,
     concurrency: int = 8,
     on_record: Callable[[Trajectory], None] | None = None,
+    extra_tools: ExtraTools | None = None,
 ) -> list[Trajectory]:
     """Run every episode to its ending, `concurrency` at a time; records in completion order.
 
-    `grader` defaults to the shared verifier on the same sandbox (`flywheel.verify.default_grader`).
+    `grader` defaults to the shared verifier on the same sandbox (`flywheel.verify.default_grader`);
+    `extra_tools`, tools beyond the harness's own (see `ExtraTools`).
 
     The active episodes form `cfg.cohorts` fixed cohorts that take turns, 0, 1, …, n-1, 0, …: at its turn
     a cohort collects what its tools did last time (records of the episodes that ended, graded), refills
@@ -430,7 +486,7 @@ def run_episodes(
                 jobs[k] = None
                 cohorts[k] = [ep for ep in cohorts[k] if not ep.ending]
             while pending and len(cohorts[k]) < sizes[k]:
-                ep = start_episode(pending.popleft(), sandbox, action_format, cfg)
+                ep = start_episode(pending.popleft(), sandbox, action_format, cfg, extra_tools)
                 ep.model_name = model.name
                 if ep.ending:  # its workspace could not be made: recorded, never sent to the model
                     emit(finish(ep, cfg, grader))

@@ -46,7 +46,7 @@ from flywheel.tasks.format import load_task
 from flywheel.tasks.patch import apply_patch, parse_patch
 
 
-def _count_tokens(text: str) -> int:
+def count_tokens(text: str) -> int:
     return len(text) // 4 + 1  # a tokenizer-free estimate, about 4 characters a token
 
 
@@ -373,16 +373,16 @@ class ScriptedModel:
         else:
             steps = plan(task_dir, self.noisy, stable_seed(self.seed, episode))
         action = steps[min(step, len(steps) - 1)]
-        prompt_tokens = sum(_count_tokens(str(m.get("content") or "")) for m in r.messages)
+        prompt_tokens = sum(count_tokens(str(m.get("content") or "")) for m in r.messages)
         if isinstance(action, str):
-            return Completion(action, prompt_tokens=prompt_tokens, completion_tokens=_count_tokens(action))
+            return Completion(action, prompt_tokens=prompt_tokens, completion_tokens=count_tokens(action))
         if r.tools:
             call = {"id": f"call_{step}", "name": action.name, "arguments": dict(action.args)}
             return Completion(
                 "",
                 prompt_tokens=prompt_tokens,
-                completion_tokens=_count_tokens(str(action.args)) + 4,
+                completion_tokens=count_tokens(str(action.args)) + 4,
                 tool_calls=[call],
             )
         text = render_tagged(action)
-        return Completion(text, prompt_tokens=prompt_tokens, completion_tokens=_count_tokens(text))
+        return Completion(text, prompt_tokens=prompt_tokens, completion_tokens=count_tokens(text))

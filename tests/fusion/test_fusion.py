@@ -1,0 +1,189 @@
+"""Fusion through the real harness, sandbox and grader: the scripted lead with real and fake sidekicks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from flywheel.fusion import Fusion, FusionConfig, sidekick_report, take_overs
+from flywheel.fusion.scripted import ScriptedLead, plan_text
+from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort, pricing_for, run_episodes
+from flywheel.models.actions import (
+    LEAD_TOOL_NAMES,
+    TOOLS,
+    Action,
+    FormatError,
+    parse_native,
+    parse_tagged,
+    render_tagged,
+)
+from flywheel.models.scripted import ScriptedModel
+from flywheel.protocols import Completion
+from flywheel.record import Trajectory
+from flywheel.sandbox import get_sandbox
+from flywheel.verify import default_grader
+
+
+class FakeModel:
+    """Answers every request with `reply(request)`; counts the requests."""
+
+    def __init__(self, reply, name="fake"):
+        self.reply, self.name, self.native_tools, self.calls = reply, name, False, 0
+
+    def generate(self, requests):
+        self.calls += len(requests)
+        return [self.reply(r) for r in requests]
+
+
+class Broken:
+    name, native_tools = "broken", False
+
+    def generate(self, requests):
+        raise RuntimeError("the backend fell over")
+
+
+def submits(r):
+    return Completion("<submit/>", prompt_tokens=50, completion_tokens=3)
+
+
+class Graded:
+    """The shared grader, counting its calls."""
+
+    def __init__(self):
+        self.inner, self.calls = default_grader(get_sandbox()), 0
+
+    def __call__(self, task, workspace, trajectory):
+        self.calls += 1
+        return self.inner(task, workspace, trajectory)
+
+
+def fuse(task, sidekick, effort="medium", action_format="auto", **config):
+    grader = Graded()
+    cfg = HarnessConfig(action_format=action_format)
+    fusion = Fusion(sidekick, HarnessConfig(action_format=action_format), FusionConfig(**config))
+    [record] = fusion.rollout(ScriptedLead(), [EpisodeSpec(task, get_effort(effort))], cfg, grader=grader)
+    return record, grader.calls
+
+
+def tools_of(record):
+    return [t["name"] for t in record.turns if t["role"] == "tool"]
+
+
+@pytest.mark.parametrize("action_format", ["tagged", "native"])
+def test_one_delegation_solves_the_clamp_task(clamp_task, action_format):
+    record, graded = fuse(clamp_task, ScriptedModel(), action_format=action_format)
+    assert record.success and record.ending == "submitted" and graded == 1
+    assert tools_of(record) == ["view", "delegate", "run_tests", "submit"]
+    report = next(t["text"] for t in record.turns if t.get("name") == "delegate")
+    assert "-    if x >= hi + 1:" in report and "+    if x > hi:" in report  # the sidekick's diff reached it
+    assert "ended with submitted" in report and "ran the tests 2 time(s)" in report
+    [side] = record.sidekick
+    assert side.id == f"{record.id}/sidekick1" and side.model == "scripted" and side.verdict is None
+    assert tools_of(side) == ["run_tests", "view", "edit", "run_tests", "submit"]
+    assert "Your lead asks:\nIn mathx.py, in `clamp`, line 5 is wrong" in side.turns[1]["text"]
+    f = record.fusion
+    assert f["delegations"] == 1 and f["take_overs"] == 0 and f["lead"] == "scripted-lead"
+    assert f["lead_cost"] > 0 and f["sidekick_cost"] == side.cost > 0
+    assert record.cost == pytest.approx(f["lead_cost"] + f["sidekick_cost"])
+    back = Trajectory.from_json(json.loads(json.dumps(record.to_json())))
+    assert back.to_json() == record.to_json() and back.sidekick[0].turns == side.turns
+
+
+def test_a_sidekick_that_fixes_nothing_is_corrected_once_then_the_lead_takes_over(clamp_task):
+    sidekick = FakeModel(submits)
+    record, graded = fuse(clamp_task, sidekick)
+    assert record.success and graded == 1
+    assert tools_of(record) == [
+        "view", "delegate", "run_tests", "delegate", "run_tests", "edit", "run_tests", "submit"
+    ]  # fmt: skip
+    assert record.fusion["delegations"] == 2 and record.fusion["take_overs"] == 1
+    assert "(no changes)" in next(t["text"] for t in record.turns if t.get("name") == "delegate")
+    assert "look again" in record.sidekick[1].turns[1]["text"] and sidekick.calls == 2
+    assert [s.id.rsplit("/", 1)[1] for s in record.sidekick] == ["sidekick1", "sidekick2"]
+
+
+@pytest.mark.parametrize(
+    "sidekick,why",
+    [
+        (
+            FakeModel(lambda r: Completion("", finish_reason="error", error="server down")),
+            "model_error (server down)",
+        ),
+        (Broken(), "the sidekick crashed: RuntimeError('the backend fell over')"),
+    ],
+)
+def test_a_sidekick_whose_model_fails_is_a_tool_result(clamp_task, sidekick, why):
+    record, _ = fuse(clamp_task, sidekick)
+    assert record.infra_failure is None and record.success  # the lead took over
+    assert why in next(t["text"] for t in record.turns if t.get("name") == "delegate")
+    assert [s.infra_failure for s in record.sidekick] == ["model_server", "model_server"]
+
+
+def test_a_sidekick_out_of_budget_reports_its_ending(clamp_task):
+    looks = FakeModel(lambda r: Completion('<view path="mathx.py"/>', prompt_tokens=9, completion_tokens=4))
+    record, _ = fuse(clamp_task, looks, sidekick_effort="medium", max_delegations=1)
+    assert record.success and record.sidekick[0].ending == "turn_limit"
+    delegations = [t for t in record.turns if t.get("name") == "delegate"]
+    assert "ended with turn_limit after 10 turns" in delegations[0]["text"]
+    assert delegations[1]["text"].startswith("error: no delegations left") and not delegations[1]["ok"]
+
+
+def test_a_plain_agent_cannot_delegate_and_the_lead_alone_solves(clamp_task):
+    with pytest.raises(FormatError, match="no action found"):
+        parse_tagged("<delegate>fix it</delegate>")
+    with pytest.raises(FormatError, match="unknown tool"):
+        parse_native({"name": "delegate", "arguments": {"instruction": "x"}})
+    assert "delegate" not in {t["function"]["name"] for t in TOOLS}
+    action = Action("delegate", {"instruction": "fix clamp"})
+    assert parse_tagged(render_tagged(action), LEAD_TOOL_NAMES) == action
+    lead = ScriptedLead()
+    [record] = run_episodes([EpisodeSpec(clamp_task, get_effort("medium"))], lead, concurrency=1)
+    assert record.success and tools_of(record) == ["view", "edit", "run_tests", "submit"]
+    assert record.sidekick is None and "sidekick" not in record.to_json()
+    assert pricing_for("scripted-lead").completion_per_m > pricing_for("scripted").completion_per_m
+
+
+def test_report_and_counts_are_pure():
+    side = Trajectory("t/medium/s0/0/sidekick1", "t", "medium", ending="submitted", n_turns=2, turns=[
+        {"role": "tool", "name": "run_tests", "text": "exit code 1\nFAILED", "ok": True},
+        {"role": "assistant", "text": "", "tool_calls": [{"name": "submit", "arguments": {}}]},
+    ])  # fmt: skip
+    text = sidekick_report(side, "", 1)
+    assert "(no changes)" in text and "exit code 1\nFAILED" in text and "submit {}" in text
+    turns = [
+        {"role": "tool", "name": n, "ok": True} for n in ("edit", "delegate", "edit", "edit", "delegate")
+    ]
+    assert take_overs(turns) == 1
+
+
+def test_the_plan_names_file_function_and_change(clamp_task):
+    plan = plan_text(str(clamp_task.root))
+    assert "mathx.py" in plan and "`clamp`" in plan and "`if x >= hi + 1:`" in plan and "`if x > hi:`" in plan
+
+
+def flywheel(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "flywheel", *map(str, args)], capture_output=True, text=True, cwd=cwd
+    )
+
+
+def test_eval_runs_fusion_through_the_cli(clamp_task, tmp_path):
+    out = tmp_path / "run"
+    suite = clamp_task.root.parent
+    r = flywheel("eval", "--lead", "scripted-lead", "--sidekick", "scripted", "--suite", suite, "--out", out)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["success_rate"] == 1.0 and summary["delegations_per_attempt"] == 1.0
+    assert summary["take_overs_per_attempt"] == 0.0
+    assert summary["mean_cost"] == pytest.approx(summary["mean_lead_cost"] + summary["mean_sidekick_cost"])
+    for args, fragment in [
+        (["--lead", "scripted-lead"], "--lead and --sidekick"),
+        (["--lead", "scripted-lead", "--sidekick", "nope"], "unknown model 'nope'"),
+        (["--model", "scripted", "--lead", "scripted-lead", "--sidekick", "scripted"], "give --model, or"),
+    ]:
+        r = flywheel("eval", "--suite", suite, "--out", tmp_path / "bad", *args)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and fragment in lines[0], r.stderr
