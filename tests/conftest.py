@@ -73,3 +73,20 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     cfg = load_config(ROOT / "configs" / "sft-quick.toml", SftConfig)
     return run_sft(cfg, tmp_path_factory.mktemp("sft") / "base")
+
+
+@pytest.fixture(scope="session")
+def one_step_run(base: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-step `flywheel train` of configs/quick.toml on `base`, with TensorBoard events when the package
+    is installed: the run directory the TensorBoard and report tests read, built once per test run."""
+    import importlib.util
+
+    from flywheel.rl.config import load_config
+    from flywheel.rl.train import train
+
+    cfg = load_config(ROOT / "configs" / "quick.toml")
+    cfg.model.path, cfg.train.steps = str(base), 1
+    cfg.train.tensorboard = importlib.util.find_spec("tensorboard") is not None
+    out = tmp_path_factory.mktemp("train") / "run"
+    train(cfg, out)
+    return out

@@ -6,7 +6,8 @@
 4. evaluate the base on held-out tasks at every effort level;
 5. train with RL, all three effort levels in one run;
 6. evaluate the trained policy on the same held-out tasks;
-7. print a before/after table and write `runs/demo/pareto.png` (success against cost per effort level).
+7. print a before/after table and write `runs/demo/pareto.png` (success against cost per effort level)
+   and `runs/demo/report.html` (`flywheel report runs/demo`: every plot, and every attempt to read).
 
 Everything goes under `runs/demo/`. Sizes come from `configs/demo.toml` and `configs/sft.toml`; the
 environment can shrink them: FLYWHEEL_DEMO_STEPS (training steps), FLYWHEEL_DEMO_TASKS (held-out tasks).
@@ -90,6 +91,7 @@ def plot(before: dict, after: dict, path: Path) -> None:
 
 def main() -> None:
     from flywheel.eval.measure import evaluate_policy
+    from flywheel.eval.report import write_report
     from flywheel.loop import RunDir
     from flywheel.rl.calibrate import measuring, run_calibration
     from flywheel.rl.config import load_config
@@ -137,6 +139,8 @@ def main() -> None:
     print(
         f"\nruns/demo/: calibration/, train/ (metrics.jsonl), results.json, pareto.png — {time.perf_counter() - _START:.0f} s"
     )
+    report = write_report([out], out / "report.html")
+    print(f"report: {report} ({report.stat().st_size / 1024:.0f} KB), open it in a browser")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,9 @@ def _register() -> None:
     app.command("sft")(train.sft)
     app.command("calibrate")(train.calibrate)
     app.command("train")(train.train)
+    from flywheel.cli import report
+
+    app.command("report")(report.report)
 
 
 def fail(message: str) -> None:

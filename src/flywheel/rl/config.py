@@ -103,6 +103,7 @@ class TrainConfig:
         0  # threads for scoring and the optimizer step, which have the cores to themselves (0: `threads`)
     )
     max_minutes: float = 0.0  # wall-time budget: no step starts that would end past it (0: none)
+    tensorboard: bool = False  # metrics.jsonl's scalars also as TensorBoard events in RUN_DIR/tensorboard/
 
 
 @dataclass

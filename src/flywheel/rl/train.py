@@ -16,6 +16,7 @@ The run directory (`flywheel.loop.RunDir`):
     trajectories.jsonl   every rollout with its step and its score `rl` (reward, advantage, ...);
                          "lite" by default: without the per-token replay data
     checkpoints/vN/      weights, tokenizer, optimizer, the loop's state (the latest `keep` are kept)
+    tensorboard/         metrics.jsonl's scalars as TensorBoard events, with `[train] tensorboard = true`
 
 Determinism (`deterministic = true`): task sampling and every sampling seed derive from (seed, step); the
 reward prices modelled seconds instead of measured ones (`flywheel.rl.rollout`); torch runs deterministic
@@ -275,9 +276,39 @@ def loop_config(cfg: RunConfig, spec: str = "") -> LoopConfig:
     )
 
 
+class ScalarEvents:
+    """metrics.jsonl's scalars as TensorBoard event files in `RUN_DIR/tensorboard/` (`[train] tensorboard`),
+    one value per metric and step, the step as the global step. The writer opens at the first step this
+    process runs and purges the events of that step on: those of a resumed run's abandoned steps."""
+
+    def __init__(self, out: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise FlywheelError(
+                "[train] tensorboard = true needs the tensorboard package: pip install tensorboard "
+                "(or this package's [tensorboard] extra)"
+            ) from None
+        self.make, self.dir, self.writer = SummaryWriter, out / "tensorboard", None
+
+    def write(self, row: dict[str, Any]) -> None:
+        step = int(row["step"])
+        if self.writer is None:
+            self.writer = self.make(log_dir=str(self.dir), purge_step=step)
+        for key, value in row.items():
+            if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
 def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
     """Run (or resume) training into `out`; returns the metrics of the steps run now."""
     check(cfg)
+    events = ScalarEvents(Path(out)) if cfg.train.tensorboard else None  # a missing package fails first
     lcfg = loop_config(cfg)
     lambdas = resolve_lambdas(cfg)
     tasks = load_tasks(cfg)
@@ -300,8 +331,14 @@ def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
                 row = event["metrics"]
                 rows.append(row)
                 advance(1, **{k: row[k] for k in ("reward", "success") if k in row})  # none: all infra
+                if events:
+                    events.write(row)
                 if on_step:
                     on_step(row)
 
-        run_loop(lcfg, trainer, tasks, run.out, rounds=TrainRounds(cfg, tasks, run), on_event=on_event)
+        try:
+            run_loop(lcfg, trainer, tasks, run.out, rounds=TrainRounds(cfg, tasks, run), on_event=on_event)
+        finally:
+            if events:
+                events.close()
     return rows
