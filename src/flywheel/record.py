@@ -162,13 +162,20 @@ def append_trajectories(path: Path, ts: Iterable[Trajectory]) -> None:
         f.write("".join(json_line(t) for t in ts))
 
 
-def read_trajectories(path: Path) -> list[Trajectory]:
-    """The records of a trajectories.jsonl; a torn line (an interrupted write) is skipped."""
-    out = []
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file; a torn line (an interrupted write) is skipped, a missing file is
+    empty."""
+    if not Path(path).is_file():
+        return []
+    rows = []
     for line in Path(path).read_text().splitlines():
         try:
-            data = json.loads(line)
+            rows.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-        out.append(Trajectory.from_json(data))
-    return out
+    return rows
+
+
+def read_trajectories(path: Path) -> list[Trajectory]:
+    """The records of a trajectories.jsonl; a torn line (an interrupted write) is skipped."""
+    return [Trajectory.from_json(data) for data in read_jsonl(path)]

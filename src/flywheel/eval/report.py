@@ -34,7 +34,7 @@ from flywheel.errors import FlywheelError
 from flywheel.eval import summarize
 from flywheel.eval.svg import DASHES, Series, chart, color
 from flywheel.harness import EFFORTS
-from flywheel.record import Trajectory, read_trajectories
+from flywheel.record import Trajectory, read_jsonl, read_trajectories
 
 KNOWN = ("summary.json", "trajectories.jsonl", "metrics.jsonl", "calibration.json", "results.json")
 SKIP = {"checkpoints", "tensorboard", "tasks", "weights", "peer", "workspaces"}
@@ -109,19 +109,6 @@ def policy_name(root: Path, d: Path, prefix: str) -> str:
         parts[-1] = parts[-1][len("eval-") :]
     name = "/".join(parts)
     return f"{prefix}/{name}" if prefix and name else (name or prefix or root.resolve().name)
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file; a torn line is skipped, a missing file is empty."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 def read_json(path: Path) -> Any:
@@ -202,8 +189,8 @@ def _read_eval(
 
 def _read_train(rep: Report, root: Path, d: Path, prefix: str, notes: list[str]) -> None:
     name = policy_name(root, d, prefix)
-    rows = read_rows(d / "metrics.jsonl")
-    rep.curves.append(Curve(name, rows, minutes_per_step(read_rows(d / "timings.jsonl"))))
+    rows = read_jsonl(d / "metrics.jsonl")
+    rep.curves.append(Curve(name, rows, minutes_per_step(read_jsonl(d / "timings.jsonl"))))
     records = read_trajectories(d / "trajectories.jsonl") if (d / "trajectories.jsonl").is_file() else []
     rep.attempts += [attempt_row(name, "train", r) for r in _kept(records, notes)]
     config = read_json(d / "config.json") if (d / "config.json").is_file() else {}

@@ -52,7 +52,7 @@ from flywheel.loop.config import LoopConfig, backend_class, check_config
 from flywheel.loop.dispatch import Dispatcher, WorkItem, round_items, split_fresh
 from flywheel.loop.pool import PoolSpec
 from flywheel.protocols import LoopBackend
-from flywheel.record import Trajectory, append_trajectories, read_trajectories
+from flywheel.record import Trajectory, append_trajectories, read_jsonl, read_trajectories
 from flywheel.tasks.format import Task
 
 EventHook = Callable[[dict[str, Any]], None]
@@ -113,15 +113,7 @@ class RunDir:
 
     def read(self, path: Path) -> list[dict[str, Any]]:
         """The rows of one file; a torn last line (an interrupted write) is skipped."""
-        if not path.exists():
-            return []
-        rows = []
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return rows
+        return read_jsonl(path)
 
     def records(self) -> list[Trajectory]:
         """The trajectory records written so far; a torn last line is skipped."""
