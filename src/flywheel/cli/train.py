@@ -7,7 +7,10 @@ from pathlib import Path
 
 import typer
 
-CONFIG = typer.Argument(..., help="A TOML run config (see configs/).")
+CONFIG = typer.Argument(
+    ..., help="A TOML run config (configs/ holds the product ones; docs/configuration.md)."
+)
+SFT_CONFIG = typer.Argument(..., help="A TOML SFT config (configs/sft.toml; docs/configuration.md).")
 
 
 def _load(config: Path, cls=None):
@@ -17,10 +20,10 @@ def _load(config: Path, cls=None):
 
 
 def sft(
-    config: Path = CONFIG,
+    config: Path = SFT_CONFIG,
     out: Path = typer.Option(..., "--out", help="Directory for the base model (HF format); must not exist."),
 ) -> None:
-    """Train the embedded base policy by imitating scripted-noisy trajectories (see configs/sft.toml)."""
+    """Train a base policy by imitating a teacher's episodes ([data] teacher; configs/sft.toml: scripted-noisy)."""
     from flywheel.sft import SftConfig, run_sft
 
     cfg = _load(config, SftConfig)
