@@ -51,6 +51,9 @@ def _register() -> None:
     from flywheel.cli import report
 
     app.command("report")(report.report)
+    from flywheel.cli import solve
+
+    app.command("solve")(solve.solve)
 
 
 def fail(message: str) -> None:

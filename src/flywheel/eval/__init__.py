@@ -7,7 +7,7 @@ interrupted run keeps every finished attempt) and `summary.json` at the end; eve
 
 Modules: `run` (the episode-running primitive every caller shares: specs, effort budgets, `rollout`),
 `measure` (budget ladders and per-effort evaluations, as training measures a policy), `curate`
-(difficulty curation's attempts).
+(difficulty curation's attempts), `solve` (one attempt on any local repository: `flywheel solve`).
 """
 
 from __future__ import annotations
