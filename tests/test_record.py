@@ -19,7 +19,7 @@ from flywheel.record import (
 KEYS = [
     "id", "task_id", "effort", "seed", "index", "policy_version", "model", "action_format", "turns",
     "n_turns", "usage", "wall_s", "compute_s", "tool_s", "gen_s", "cost", "ending", "error", "format_errors",
-    "steps_to_first_edit", "compactions", "verdict", "success", "workspace",
+    "steps_to_first_edit", "compactions", "max_context_tokens", "verdict", "success", "workspace",
 ]  # fmt: skip
 
 

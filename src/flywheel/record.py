@@ -60,8 +60,9 @@ class Trajectory:
     model: str = ""  # the model's name
     action_format: str = "tagged"  # "tagged" or "native" tool calls
     # system, user, assistant and tool turns: {"role", "text"}; model turns add finish_reason and token
-    # counts, and for in-process models token_ids, logprobs, kept and prompt_ids; tool turns name,
-    # arguments and ok
+    # counts, and for in-process models token_ids, logprobs, kept and prompt_ids (a model-written summary of
+    # the context adds "summary": true); tool turns name, arguments and ok; a compaction is a tool turn named
+    # "compaction" with the text "summary" (the conversation restarted from the summary) or "elided"
     turns: list[dict[str, Any]] = field(default_factory=list)
     n_turns: int = 0  # model calls made
     prompt_tokens: int = 0  # prompt tokens over every model call (`usage.prompt_tokens` in JSON)
@@ -76,7 +77,8 @@ class Trajectory:
     infra_failure: str | None = None  # what broke (`INFRA_CAUSES`); None: the policy's own ending
     format_errors: int = 0  # malformed actions
     steps_to_first_edit: int | None = None  # the model call whose action first changed a file
-    compactions: int = 0  # times old observations were elided to fit the context
+    compactions: int = 0  # times the context was compacted: a summary asked for, or old observations elided
+    max_context_tokens: int = 0  # the longest prompt + generation of any model call, in tokens
     verdict: Verdict | None = None  # the grader's decision; None when not graded
     success: bool = False  # the verdict's success (False without a verdict)
     workspace: str | None = None  # the kept workspace's path (`HarnessConfig.keep_workspaces`)

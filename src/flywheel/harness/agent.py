@@ -42,9 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flywheel.errors import FlywheelError
 from flywheel.harness.cost import Pricing, pricing_for
 from flywheel.harness.effort import Effort
-from flywheel.harness.prompts import system_prompt, task_message
+from flywheel.harness.prompts import RESUME_HEAD, SUMMARY_PROMPT, resume_message, system_prompt, task_message
 from flywheel.harness.tools import ToolResult, Tools
 from flywheel.models.actions import (
     STOP,
@@ -91,6 +92,25 @@ class HarnessConfig:
     pricing: Pricing | None = None  # None: by model name (flywheel.harness.cost.PRICES)
     observation_chars: int = 4000  # longest observation kept in the conversation
     cohorts: int = 1  # groups of episodes that take turns, one generating while another's tools run
+    compaction: str = "elide"  # near or past the context limit: "summary" (opt-in until a base learns it), "elide" or "none"
+    compact_at: float = 0.8  # share of the model's `max_context` at which a summary is asked for
+    summary_prompt: str = SUMMARY_PROMPT  # what asks the model to summarise its working state
+
+    def __post_init__(self) -> None:
+        check_config(self)
+
+
+COMPACTIONS = ("summary", "elide", "none")
+
+
+def check_config(cfg: HarnessConfig) -> None:
+    """Refuse settings the loop cannot run with: a FlywheelError naming the field."""
+    if cfg.compaction not in COMPACTIONS:
+        raise FlywheelError(f"harness compaction: unknown value {cfg.compaction!r} (summary, elide or none)")
+    if not 0 < cfg.compact_at <= 1:
+        raise FlywheelError(f"harness compact_at: {cfg.compact_at} is not a share of the context in (0, 1]")
+    if not cfg.summary_prompt.strip():
+        raise FlywheelError("harness summary_prompt: empty; it must ask the model for a summary")
 
 
 @dataclass
@@ -129,6 +149,11 @@ class Episode:
     n_turns: int = 0
     first_edit_step: int | None = None
     compactions: int = 0
+    max_context: int | None = None  # the model's context in tokens, where the model says (`max_context`)
+    max_context_tokens: int = 0  # the longest prompt + generation of any turn
+    summarizing: str | None = None  # the next request asks for a summary, because of: "threshold", "overflow"
+    elided_for_summary: bool = False  # old observations were elided to make room for that request
+    summary_stuck: bool = False  # a summary failed and nothing was elided: no threshold summaries for now
     ending: str | None = None
     error: str | None = None
     infra_failure: str | None = None  # what broke (`flywheel.record.INFRA_CAUSES`); None: the policy's ending
@@ -196,6 +221,17 @@ def make_request(ep: Episode, cfg: HarnessConfig) -> Request:
     effort = ep.spec.effort
     budget = max(1, min(effort.turn_tokens, effort.max_tokens - ep.completion_tokens))
     native = ep.action_format == "native"
+    meta = {"task_dir": str(ep.spec.task.root), "episode": ep.spec.id, "turn": ep.n_turns}
+    if ep.summarizing:  # plain text answers it: no tools, no stop strings
+        messages = [*ep.messages, {"role": "user", "content": cfg.summary_prompt}]
+        return Request(
+            messages=messages,
+            max_tokens=budget,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            seed=stable_seed(ep.spec.stream, ep.n_turns),
+            meta={**meta, "summary": True},
+        )
     return Request(
         messages=list(ep.messages),
         max_tokens=budget,
@@ -204,11 +240,11 @@ def make_request(ep: Episode, cfg: HarnessConfig) -> Request:
         stop=[] if native else [*STOP, *(ep.extra.stop if ep.extra else ())],
         tools=[*TOOLS, *(ep.extra.schema if ep.extra else ())] if native else None,
         seed=stable_seed(ep.spec.stream, ep.n_turns),
-        meta={"task_dir": str(ep.spec.task.root), "episode": ep.spec.id, "turn": ep.n_turns},
+        meta=meta,
     )
 
 
-def _assistant_turn(c: Completion) -> dict[str, Any]:
+def _assistant_turn(c: Completion, summary: bool = False) -> dict[str, Any]:
     turn: dict[str, Any] = {
         "role": "assistant",
         "text": c.text,
@@ -220,6 +256,8 @@ def _assistant_turn(c: Completion) -> dict[str, Any]:
         turn["tool_calls"] = [{"name": t.get("name"), "arguments": t.get("arguments")} for t in c.tool_calls]
     if c.token_ids is not None:
         turn.update(prompt_ids=c.prompt_ids, token_ids=c.token_ids, logprobs=c.logprobs, kept=c.kept)
+    if summary:
+        turn["summary"] = True
     return turn
 
 
@@ -229,17 +267,24 @@ def observe(ep: Episode, c: Completion, gen_share_s: float, cfg: HarnessConfig) 
     ep.prompt_tokens += c.prompt_tokens
     ep.completion_tokens += c.completion_tokens
     ep.gen_s += gen_share_s
-    ep.turns.append(_assistant_turn(c))
-    if c.error or c.finish_reason == "error":
+    ep.max_context_tokens = max(ep.max_context_tokens, c.prompt_tokens + c.completion_tokens)
+    ep.turns.append(_assistant_turn(c, summary=ep.summarizing is not None))
+    if ep.summarizing:
+        take_summary(ep, c, cfg)
+    elif c.error or c.finish_reason == "error":
         _infra_ending(ep, "model_error", c.error or "model error")
         return
-    if c.finish_reason == "context":
-        ep.ending = budget_ending(ep, cfg) if compact(ep, cfg) else "context_exhausted"
-        return
-    if ep.action_format == "native":
-        _act_native(ep, c, cfg)
+    elif c.finish_reason == "context":
+        overflow(ep, cfg)
     else:
-        _act_tagged(ep, c, cfg)
+        seen = len(ep.messages)
+        if ep.action_format == "native":
+            _act_native(ep, c, cfg)
+        else:
+            _act_tagged(ep, c, cfg)
+        observations = [str(m.get("content") or "") for m in ep.messages[seen + 1 :]]
+        if not ep.ending and _near_limit(ep, next_prompt_tokens(c, observations), cfg):
+            _ask_for_summary(ep, "threshold", cfg)
     if not ep.ending:
         ep.ending = budget_ending(ep, cfg)
 
@@ -338,21 +383,114 @@ def _clip(text: str, limit: int) -> str:
     return f"{text[:half]}\n[... {len(text) - limit} characters elided ...]\n{text[-half:]}"
 
 
-def compact(ep: Episode, cfg: HarnessConfig) -> bool:
-    """Self-compaction: shorten old observations so the conversation fits again. False: nothing left to cut."""
+def elide(messages: list[dict[str, Any]]) -> bool:
+    """Shorten the old observations of a conversation in place (not the system prompt, the task or the last
+    exchange). False: nothing left to cut."""
     changed = False
-    for m in ep.messages[2:-2]:
+    for m in messages[2:-2]:
         content = m.get("content") or ""
         short = content[:100] + "\n[older output elided]"
         if m["role"] in ("user", "tool") and len(short) < len(content):  # an elided one stays as it is
             m["content"] = short
             changed = True
+    return changed
+
+
+def compact(ep: Episode, cfg: HarnessConfig) -> bool:
+    """Self-compaction by elision: shorten old observations so the conversation fits again. False: nothing
+    left to cut."""
+    changed = elide(ep.messages)
     if changed:
         ep.compactions += 1
-        ep.turns.append(
-            {"role": "tool", "name": "compaction", "text": "older observations elided", "ok": True}
-        )
+        ep.turns.append(_boundary("elided", True))
     return changed
+
+
+def _boundary(kind: str, ok: bool) -> dict[str, Any]:
+    """The record's mark of a compaction: "summary" (the conversation restarted) or "elided"."""
+    return {"role": "tool", "name": "compaction", "text": kind, "ok": ok}
+
+
+# ------------------------------------------------------------------------ model-written compaction
+#
+# Near the context limit (the next prompt would pass `compact_at` of the model's `max_context`) or past it
+# (the model answered `finish_reason="context"`), the episode's next request asks the model to summarise
+# its working state, in a turn of its own batched with the other episodes' requests. A summary that lands
+# restarts the conversation from the system prompt, the task and one user message holding the summary and
+# the latest observation; the budgets go on counting across the boundary. Past the limit, old observations
+# are elided first so that the summary request itself fits. Where no summary can be had (empty text, an
+# error, an overflow, or one too long for the restarted prompt to fit), elision is the fallback; an
+# overflow that elision cannot answer ends the attempt `context_exhausted`.
+#
+# The next prompt's size is estimated, not counted: the last completion's prompt and completion tokens
+# plus the new observations at 4 characters a token (the restarted prompt: all of it at 4 a token).
+
+
+def next_prompt_tokens(c: Completion, observations: Sequence[str]) -> int:
+    """An estimate of the next prompt's tokens: this turn's prompt and completion, then what was observed."""
+    return c.prompt_tokens + c.completion_tokens + sum(len(o) for o in observations) // 4
+
+
+def _near_limit(ep: Episode, tokens: int, cfg: HarnessConfig) -> bool:
+    if cfg.compaction != "summary" or not ep.max_context or ep.summary_stuck:
+        return False
+    return tokens > cfg.compact_at * ep.max_context
+
+
+def overflow(ep: Episode, cfg: HarnessConfig) -> None:
+    """The model answered that the conversation does not fit: compact it as `cfg.compaction` says."""
+    if cfg.compaction == "summary":
+        ep.elided_for_summary = elide(ep.messages)
+        _ask_for_summary(ep, "overflow", cfg)
+    elif cfg.compaction == "none" or not compact(ep, cfg):
+        ep.ending = "context_exhausted"
+
+
+def _ask_for_summary(ep: Episode, why: str, cfg: HarnessConfig) -> None:
+    """Make the episode's next request the summary request; the compaction counts from here."""
+    ep.summarizing = why
+    ep.compactions += 1
+    ep.turns.append({"role": "user", "text": cfg.summary_prompt})
+
+
+def take_summary(ep: Episode, c: Completion, cfg: HarnessConfig) -> None:
+    """Restart the conversation from the summary in `c`, or fall back to elision."""
+    why, elided = ep.summarizing, ep.elided_for_summary
+    ep.summarizing, ep.elided_for_summary = None, False
+    summary = "" if c.error or c.finish_reason in ("error", "context") else c.text.strip()
+    if summary:
+        messages = restarted(ep.messages, summary)
+        if _fits(ep, messages, cfg):
+            ep.messages, ep.summary_stuck = messages, False
+            ep.turns.append(_boundary("summary", True))
+            ep.turns.append({"role": "user", "text": messages[-1]["content"]})
+            return
+    further = elide(ep.messages)
+    ep.turns.append(_boundary("elided", elided or further))
+    if (c.finish_reason == "context" and not further) or (why == "overflow" and not (elided or further)):
+        ep.ending = "context_exhausted"  # it still does not fit, and there is nothing left to cut
+    elif not (elided or further):
+        ep.summary_stuck = True
+
+
+def restarted(messages: list[dict[str, Any]], summary: str) -> list[dict[str, Any]]:
+    """The conversation after a summary: the system prompt, the task and one user message holding the
+    summary and the latest observation (the messages after the last assistant one, or after the last
+    restart)."""
+    latest: list[str] = []
+    for m in reversed(messages[2:]):
+        content = str(m.get("content") or "")
+        if m["role"] == "assistant" or content.startswith(RESUME_HEAD):
+            break
+        latest.insert(0, content)
+    return [messages[0], messages[1], {"role": "user", "content": resume_message(summary, "\n".join(latest))}]
+
+
+def _fits(ep: Episode, messages: list[dict[str, Any]], cfg: HarnessConfig) -> bool:
+    """Whether a restarted conversation is below the compaction threshold (always, without a known context)."""
+    if not ep.max_context:
+        return True
+    return sum(len(str(m.get("content") or "")) for m in messages) // 4 <= cfg.compact_at * ep.max_context
 
 
 def budget_ending(ep: Episode, cfg: HarnessConfig) -> str | None:
@@ -371,6 +509,13 @@ def budget_ending(ep: Episode, cfg: HarnessConfig) -> str | None:
 def episode_cost(ep: Episode, cfg: HarnessConfig) -> float:
     pricing = cfg.pricing or pricing_for(ep.model_name)
     return pricing.cost(ep.prompt_tokens, ep.completion_tokens, ep.tool_s + ep.gen_s)
+
+
+def context_size(model: Model) -> int | None:
+    """The model's context in tokens where it says (`max_context`, as the in-process engine does); else None,
+    and only the model's context errors trigger compaction."""
+    size = getattr(model, "max_context", None)
+    return size if isinstance(size, int) and size > 0 else None
 
 
 def _call_grader(grader: Grader, ep: Episode) -> Any:
@@ -427,6 +572,7 @@ def finish(ep: Episode, cfg: HarnessConfig, grader: Grader | None) -> Trajectory
         format_errors=ep.format_errors,
         steps_to_first_edit=ep.first_edit_step,
         compactions=ep.compactions,
+        max_context_tokens=ep.max_context_tokens,
         verdict=verdict,
         success=bool(verdict and verdict.success),
         workspace=str(ep.tools.workspace) if cfg.keep_workspaces else None,
@@ -460,6 +606,7 @@ def run_episodes(
     smaller batches.
     """
     cfg = cfg or HarnessConfig()
+    check_config(cfg)  # a config changed after it was made is checked again
     sandbox = sandbox or get_sandbox()
     grader = grader or default_grader(sandbox)
     action_format = _fmt(model, cfg)
@@ -487,7 +634,7 @@ def run_episodes(
                 cohorts[k] = [ep for ep in cohorts[k] if not ep.ending]
             while pending and len(cohorts[k]) < sizes[k]:
                 ep = start_episode(pending.popleft(), sandbox, action_format, cfg, extra_tools)
-                ep.model_name = model.name
+                ep.model_name, ep.max_context = model.name, context_size(model)
                 if ep.ending:  # its workspace could not be made: recorded, never sent to the model
                     emit(finish(ep, cfg, grader))
                 else:

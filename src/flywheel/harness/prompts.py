@@ -30,3 +30,18 @@ def system_prompt(effort: Effort, action_format: str) -> str:
 def task_message(task: Task, files: list[str]) -> str:
     listing = "\n".join(files[:40])
     return f"{task.instruction.strip()}\n\nFiles:\n{listing}"
+
+
+SUMMARY_WORDS = 200
+SUMMARY_PROMPT = (
+    "Your context is nearly full. Summarise your working state so that you can go on from the summary "
+    "alone: the task, what you have learned about the code, what you changed, what you tried that failed, "
+    f"and what you will do next. Write at most {SUMMARY_WORDS} words of plain text, with no action."
+)
+RESUME_HEAD = "Your summary of the work so far:"
+
+
+def resume_message(summary: str, observation: str) -> str:
+    """The user message a conversation restarts from after a summary: the summary and the latest output."""
+    text = f"{RESUME_HEAD} {summary.strip()}"
+    return f"{text}\n\nThe output of your last action:\n{observation}" if observation else text

@@ -29,6 +29,11 @@ stop, is what RL can teach it.
 Each call is stateless: the plan is recomputed from the task and a seed, and the step is the number of
 assistant turns so far. The oracle answers in whichever format the request asks for: native tool calls
 when tools are offered, the tagged text format otherwise.
+
+Asked for a summary of its working state (the harness's compaction: `Request.meta["summary"]`), every
+oracle writes a short plain one from what it knows — the task, the files of its plan, what it has done and
+what it will do next — ending with `Steps done: N.`, which is how it finds its place in its plan when the
+conversation restarts from that summary.
 """
 
 from __future__ import annotations
@@ -326,6 +331,37 @@ def _applies(source: str, candidate: tuple[int, str, str]) -> str:
     return "".join(lines)
 
 
+_DONE = re.compile(r"Steps done: (\d+)\.")
+
+
+def steps_done(messages: Sequence[dict[str, Any]]) -> int:
+    """The steps a restarted conversation's summary says were done before it (0 without one)."""
+    for m in reversed(messages):
+        found = m["role"] == "user" and _DONE.search(str(m.get("content") or ""))
+        if found:
+            return int(found.group(1))
+    return 0
+
+
+def _describe(step: Action | str) -> str:
+    if isinstance(step, str):
+        return "a turn without an action"
+    what = step.args.get("path") or step.args.get("command") or ""
+    what = what if len(what) <= 60 else what[:57] + "..."
+    return f"{step.name} {what}".strip()
+
+
+def summary_text(task_id: str, steps: Sequence[Action | str], done: int) -> str:
+    """The oracle's summary of its working state after `done` steps of its plan `steps`."""
+    files = sorted({str(a.args["path"]) for a in steps if isinstance(a, Action) and "path" in a.args})
+    did = "; ".join(_describe(a) for a in steps[:done]) or "nothing yet"
+    nxt = _describe(steps[min(done, len(steps) - 1)])
+    return (
+        f"Task: {task_id}. Files involved: {', '.join(files) or 'the module under test'}. "
+        f"Done so far: {did}. Next: {nxt}. Steps done: {done}."
+    )
+
+
 def load_scripted(spec: str, seed: int = 0, **opts: Any) -> ScriptedModel:
     """`scripted`, `scripted-noisy`, `scripted-search` or `scripted-sweep` (other options are ignored)."""
     kind = spec.removeprefix("scripted").lstrip("-")
@@ -361,19 +397,24 @@ class ScriptedModel:
                 "", finish_reason="error", error="scripted model needs the task (Request.meta['task_dir'])"
             )
         episode = r.meta.get("episode", "")
-        step = sum(m["role"] == "assistant" for m in r.messages)
+        summary = bool(r.meta.get("summary"))
+        step = steps_done(r.messages) + sum(m["role"] == "assistant" for m in r.messages)
+        last = r.messages[-2 if summary and len(r.messages) > 1 else -1]
         if self.search or self.sweep:
             effort = re.search(r"Effort: (\w+)\.", str(r.messages[0].get("content") or ""))
             make = sweep_plan if self.sweep else search_plan
             steps: list[Action | str] = list(
                 make(task_dir, effort.group(1) if effort else "medium", stable_seed(self.seed, episode))
             )
-            if step and "\nfixed" in str(r.messages[-1].get("content") or ""):  # the last repair was kept
+            if step and "\nfixed" in str(last.get("content") or ""):  # the last repair was kept
                 steps[step:] = [Action("submit")]
         else:
             steps = plan(task_dir, self.noisy, stable_seed(self.seed, episode))
-        action = steps[min(step, len(steps) - 1)]
         prompt_tokens = sum(count_tokens(str(m.get("content") or "")) for m in r.messages)
+        if summary:
+            text = summary_text(load_task(task_dir).id, steps, step)
+            return Completion(text, prompt_tokens=prompt_tokens, completion_tokens=count_tokens(text))
+        action = steps[min(step, len(steps) - 1)]
         if isinstance(action, str):
             return Completion(action, prompt_tokens=prompt_tokens, completion_tokens=count_tokens(action))
         if r.tools:
