@@ -290,3 +290,69 @@ def test_load_openai_model(monkeypatch):
     ]:
         with pytest.raises(FlywheelError, match=fragment):
             load_openai_model(spec, **opts)
+
+
+def test_spec_options_turn_on_native_tools():
+    m = load_openai_model("openai:qwen?tools=native&concurrency=4&send_meta=true", base_url="http://h:1/v1")
+    assert m.model == "qwen" and m.native_tools and m.config.concurrency == 4 and m.config.send_meta
+    assert not load_openai_model("openai:qwen?tools=tagged", base_url="http://h:1/v1").native_tools
+    for spec, fragment in [
+        ("openai:x?tools=yes", "native or tagged"),
+        ("openai:x?nope=1", "unknown option"),
+        ("openai:x?concurrency=many", "bad value"),
+        ("openai:x?junk", "key=value"),
+    ]:
+        with pytest.raises(FlywheelError, match=fragment):
+            load_openai_model(spec, base_url="http://h:1/v1")
+
+
+class ClampPlayer:
+    """Plays the clamp task's three-step plan (edit, run_tests, submit) as tool calls, when tools are offered;
+    answers in plain words when they are not. Records whether each request carried tools."""
+
+    name = "clamp-player"
+    PLAN = [
+        ("edit", {"path": "mathx.py", "old": "if x >= hi + 1:", "new": "if x > hi:"}),
+        ("run_tests", {}),
+        ("submit", {}),
+    ]
+
+    def __init__(self) -> None:
+        self.offered: list[bool] = []
+
+    def generate(self, requests):
+        out = []
+        for r in requests:
+            self.offered.append(bool(r.tools))
+            step = sum(1 for m in r.messages if m["role"] == "tool")
+            if not r.tools or step >= len(self.PLAN):
+                out.append(Completion("I would call a tool, but none is offered.", completion_tokens=9))
+                continue
+            name, args = self.PLAN[step]
+            out.append(Completion("", completion_tokens=5, tool_calls=[{"name": name, "arguments": args}]))
+        return out
+
+
+@pytest.mark.parametrize("spec, flag", [("openai:player", "native"), ("openai:player?tools=native", "auto")])
+def test_eval_over_http_with_native_actions_solves_clamp(clamp_task, tmp_path, spec, flag):
+    """`flywheel eval --action-format native` (or a spec that says so) offers the tools a chat model calls."""
+    import json
+    import subprocess
+    import sys
+
+    player = ClampPlayer()
+    srv, _ = serve_model(player)
+    try:
+        args = ["--suite", clamp_task.root, "--model", spec, "--base-url", srv.url, "--action-format", flag]
+        r = subprocess.run(
+            [sys.executable, "-m", "flywheel", "eval", *map(str, args), "--out", tmp_path / "run"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        srv.close()
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout[r.stdout.index("{") :])
+    assert summary["n"] == 1 and summary["successes"] == 1, summary
+    assert player.offered and all(player.offered)

@@ -101,7 +101,8 @@ def test_keep_alive_and_n_choices(server, shout):
     "body,status,param",
     [
         (b"{not json", 400, None),
-        (chat(stream=True), 400, "stream"),
+        (chat(stream="yes"), 400, "stream"),
+        (chat(logprobs=1), 400, "logprobs"),
         ({"model": "shout"}, 400, "messages"),
         (chat(messages=[{"content": "no role"}]), 400, "messages[0]"),
         (chat(temperature="hot"), 400, "temperature"),
@@ -117,9 +118,22 @@ def test_bad_requests_are_400_with_openai_errors(server, body, status, param):
     assert r["error"]["message"]
 
 
-def test_stream_refusal_says_why(server):
-    _, r = call(server, "POST", "/v1/chat/completions", chat(stream=True))
-    assert "streaming is not supported" in r["error"]["message"]
+def test_a_stream_is_server_sent_events_ending_with_done(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        body=json.dumps(chat(stream=True, messages=[{"role": "user", "content": "hello there"}])),
+        headers={"Content-Type": "application/json"},
+    )
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
+    lines = [line for line in resp.read().decode().split("\n") if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "HELLO THERE"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert call(server, "POST", "/v1/chat/completions", chat(), conn=conn)[0] == 200  # still kept alive
 
 
 def test_unknown_paths_are_404(server):
@@ -239,3 +253,100 @@ def test_serve_command_refuses_an_unknown_model():
     )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "unknown model" in lines[0], r.stderr
+
+
+# ---------------------------------------------------------------------- real clients: the OpenAI SDK
+
+
+class Tagged:
+    """Writes one tagged action per turn after a thought, whatever the request offers (as our bases do)."""
+
+    name = "tagged"
+
+    def generate(self, requests):
+        return [
+            Completion('The bound is off by one. <view path="mathx.py"/>', completion_tokens=9)
+            for _ in requests
+        ]
+
+
+@pytest.fixture
+def sdk():
+    openai = pytest.importorskip("openai")
+    servers = []
+
+    def start(model):
+        srv, _ = serve_model(model, config=ServerConfig(batch_window_s=0.002))
+        servers.append(srv)
+        return openai.OpenAI(base_url=srv.url, api_key="sk-local", max_retries=0)
+
+    yield start
+    for srv in servers:
+        srv.close()
+
+
+def test_sdk_gets_tool_calls_from_tagged_text_and_the_same_answer_streamed(sdk):
+    from flywheel.models.actions import TOOLS
+
+    client = sdk(Tagged())
+    ask = {"model": "tagged", "messages": [{"role": "user", "content": "fix clamp"}], "tools": TOOLS}
+    whole = client.chat.completions.create(**ask)
+    choice = whole.choices[0]
+    [tc] = choice.message.tool_calls
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "The bound is off by one."
+    assert tc.function.name == "view" and json.loads(tc.function.arguments) == {"path": "mathx.py"}
+
+    chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == choice.message.content
+    calls = [t for d in deltas for t in d.tool_calls or []]
+    assert calls[0].id.startswith("call_") and calls[0].function.name == "view"
+    assert "".join(t.function.arguments or "" for t in calls) == tc.function.arguments
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].usage.completion_tokens == 9
+
+    bash = [
+        {
+            "type": "function",
+            "function": {
+                "name": "bash",
+                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+            },
+        }
+    ]
+    [tc] = client.chat.completions.create(**{**ask, "tools": bash}).choices[0].message.tool_calls
+    assert tc.function.name == "bash" and json.loads(tc.function.arguments) == {"command": "cat -n mathx.py"}
+    plain = client.chat.completions.create(**{**ask, "tools": None}).choices[0].message
+    assert plain.tool_calls is None and plain.content.endswith('<view path="mathx.py"/>')
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from flywheel.models.tiny import build_tiny_model
+    from flywheel.models.torch_engine import load_torch_model
+
+    texts = ["def add(a, b):\n    return a + b\n", '<run_tests/> <submit/> <view path="m.py"/>'] * 8
+    path = build_tiny_model(
+        tmp_path_factory.mktemp("m") / "tiny", texts, vocab_size=300, hidden=32, layers=1, heads=2
+    )
+    return load_torch_model(f"hf:{path}", seed=0)
+
+
+def test_sdk_logprobs_and_token_ids_from_the_torch_engine(sdk, engine):
+    client = sdk(engine)
+    ask = {"model": "tiny", "messages": [{"role": "user", "content": "add"}], "max_tokens": 12, "seed": 3}
+    r = client.chat.completions.create(**ask, logprobs=True)
+    choice = r.choices[0]
+    content = choice.logprobs.content
+    assert len(content) == r.usage.completion_tokens > 0
+    assert all(t.logprob <= 0 and isinstance(t.token, str) for t in content)
+    extra = choice.model_extra
+    assert (
+        len(extra["token_ids"]) == len(content)
+        and len(r.model_extra["prompt_token_ids"]) == r.usage.prompt_tokens
+    )
+    assert [engine.tokenizer.decode([i]) for i in extra["token_ids"]] == [t.token for t in content]
+    chunks = list(client.chat.completions.create(**ask, logprobs=True, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == choice.message.content
+    assert [t.logprob for t in chunks[-1].choices[0].logprobs.content] == [t.logprob for t in content]
+    assert client.chat.completions.create(**ask).choices[0].logprobs is None  # only when asked for

@@ -15,6 +15,8 @@ import typer
 from flywheel.models import SPECS
 from flywheel.record import Trajectory
 
+ACTION_FORMATS = ("auto", "native", "tagged")
+
 if TYPE_CHECKING:
     from flywheel.harness import HarnessConfig
     from flywheel.protocols import Model
@@ -52,6 +54,12 @@ def eval_(
     sidekick_base_url: str = typer.Option(
         None, "--sidekick-base-url", help="Fusion: the sidekick's server URL, when not --base-url."
     ),
+    action_format: str = typer.Option(
+        "auto",
+        "--action-format",
+        help="How MODEL (or the lead) acts: native (tool calls), tagged (text) or auto (native when "
+        "the model says it supports tools, e.g. openai:NAME?tools=native).",
+    ),
     temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling temperature."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Top-p (nucleus) sampling."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampler and of noisy oracles."),
@@ -73,7 +81,7 @@ def eval_(
         get_effort(sidekick_effort)
     tasks = load_suite(suite, split=split)
     tasks = tasks[:limit] if limit else tasks
-    policy, cfg = _policy(lead or model, base_url, seed, temperature, top_p, cohorts)
+    policy, cfg = _policy(lead or model, base_url, seed, temperature, top_p, cohorts, action_format)
     runner = rollout
     if sidekick:
         helper, helper_cfg = _policy(sidekick, sidekick_base_url or base_url, seed, temperature, top_p, 1)
@@ -106,12 +114,22 @@ def eval_(
 
 
 def _policy(
-    spec: str, base_url: str | None, seed: int, temperature: float, top_p: float, cohorts: int
+    spec: str,
+    base_url: str | None,
+    seed: int,
+    temperature: float,
+    top_p: float,
+    cohorts: int,
+    action_format: str = "auto",
 ) -> tuple[Model, HarnessConfig]:
-    """The model named by `spec` and the harness settings it runs under."""
+    """The model named by `spec` and the harness settings it runs under (`action_format` other than
+    "auto" wins over what the model says and what an SFT base learned)."""
+    from flywheel.errors import FlywheelError
     from flywheel.fusion import load_model
     from flywheel.harness import HarnessConfig
 
+    if action_format not in ACTION_FORMATS:
+        raise FlywheelError(f"bad --action-format {action_format!r}: use {', '.join(ACTION_FORMATS)}")
     opts = {"base_url": base_url} if spec.startswith("openai:") else {}
     policy = load_model(spec, seed=seed, **opts) if spec.startswith("scripted") else load_model(spec, **opts)
     learned = {}
@@ -119,4 +137,6 @@ def _policy(
         from flywheel.sft import trained_harness
 
         learned = trained_harness(spec)
+    if action_format != "auto":
+        learned["action_format"] = action_format
     return policy, HarnessConfig(temperature=temperature, top_p=top_p, cohorts=cohorts, **learned)

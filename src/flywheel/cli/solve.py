@@ -35,6 +35,9 @@ def solve(
         None, "--out", help="Run directory (new or empty): trajectories.jsonl, summary.json, patch.diff."
     ),
     base_url: str = typer.Option(None, "--base-url", help="Server URL for openai:NAME models."),
+    action_format: str = typer.Option(
+        "auto", "--action-format", help="How MODEL (or the lead) acts: native (tool calls), tagged or auto."
+    ),
     temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling temperature."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampler."),
 ) -> None:
@@ -50,7 +53,7 @@ def solve(
         raise FlywheelError("give --model, or --lead and --sidekick (Fusion)")
     get_effort(effort)
     check_inputs(repo, instruction, out)
-    policy, cfg = _policy(lead or model, base_url, seed, temperature, 1.0, 1)
+    policy, cfg = _policy(lead or model, base_url, seed, temperature, 1.0, 1, action_format)
     runner = None
     if sidekick:
         helper, helper_cfg = _policy(sidekick, base_url, seed, temperature, 1.0, 1)

@@ -24,7 +24,8 @@ has already retried them, and each costs a full `timeout_s`.
 
 Two options serve the harness. `native_tools` says whether the harness should offer tools natively (off
 by default: a vLLM started without a tool-call parser refuses `tools`; the tagged text format works with
-every server). `send_meta` sends `Request.meta` (task directory, episode id) in the non-standard body
+every server); a spec turns it on with `openai:NAME?tools=native` (`load_openai_model`), and
+`flywheel eval --action-format native` overrides it either way. `send_meta` sends `Request.meta` (task directory, episode id) in the non-standard body
 field `flywheel_meta`, which `flywheel serve` passes on to its model: the scripted oracle needs it to act.
 
 What is not covered: streaming, log-probs (an HTTP policy cannot be trained on with replay; the
@@ -41,6 +42,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import Any
+from urllib.parse import parse_qsl
 
 import openai
 
@@ -239,10 +241,16 @@ class OpenAIModel:
 
 
 def load_openai_model(spec: str, base_url: str | None = None, **opts: Any) -> OpenAIModel:
-    """`openai:<model-name>` as an `OpenAIModel`; `opts` are `OpenAIConfig` fields."""
-    name = spec.removeprefix("openai:")
+    """`openai:<model-name>[?key=value&...]` as an `OpenAIModel`; `opts` and the query are `OpenAIConfig` fields.
+
+    The query lets a config file say what a command line would: `openai:NAME?tools=native` offers the
+    tools natively (`tools=tagged`: the text format), and any other field is given by its name
+    (`?send_meta=true&concurrency=16`). Keyword options win over the query.
+    """
+    name, _, query = spec.removeprefix("openai:").partition("?")
     if not spec.startswith("openai:") or not name.strip():
         raise FlywheelError(f"bad model spec '{spec}': use openai:<model-name>")
+    opts = {**spec_options(query), **opts}
     known = {f.name for f in fields(OpenAIConfig)} - {"base_url"}
     unknown = sorted(set(opts) - known)
     if unknown:
@@ -251,3 +259,38 @@ def load_openai_model(spec: str, base_url: str | None = None, **opts: Any) -> Op
     if url and not re.match(r"https?://", url):
         raise FlywheelError(f"bad base URL '{url}': it must start with http:// or https://")
     return OpenAIModel(name, OpenAIConfig(base_url=url, **opts))
+
+
+def spec_options(query: str) -> dict[str, Any]:
+    """The `OpenAIConfig` fields a spec's query sets (`tools=native|tagged` is `native_tools`)."""
+    types = {f.name: f.type for f in fields(OpenAIConfig)}
+    out: dict[str, Any] = {}
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise FlywheelError(f"bad options {query!r} for openai models: use ?key=value&key=value") from None
+    for key, value in pairs:
+        if key == "tools":
+            if value not in ("native", "tagged"):
+                raise FlywheelError(f"bad option tools={value!r} for openai models: use native or tagged")
+            out["native_tools"] = value == "native"
+        elif key in types:
+            out[key] = _option(key, value, str(types[key]))
+        else:
+            raise FlywheelError(f"unknown option {key!r} for openai models")
+    return out
+
+
+def _option(key: str, value: str, kind: str) -> Any:
+    try:
+        if kind.startswith("bool"):
+            if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(value)
+            return value.lower() in ("1", "true", "yes")
+        if kind.startswith("int"):
+            return int(value)
+        if kind.startswith("float"):
+            return float(value)
+    except ValueError:
+        raise FlywheelError(f"bad value {value!r} for option {key} of openai models") from None
+    return value

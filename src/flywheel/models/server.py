@@ -15,17 +15,23 @@ Design:
   threads at once (the engine needs that too).
 - Completions become OpenAI JSON in `chat_response` (pure): `choices[i].message` with `content` and
   `tool_calls` (ids, JSON-string arguments), `finish_reason` "tool_calls" when the model called tools,
-  and `usage`.
+  and `usage`. When the request offers `tools` and the model wrote its action as text (tagged, or a
+  fenced shell block), `served` turns it into a call of an offered tool first (`toolcalls`).
+- `"stream": true`: the whole answer is generated, then sent as server-sent events (`stream_chunks`, pure,
+  derived from the `chat_response` object so both agree), in chunked transfer encoding (keep-alive stays).
+- `"logprobs": true`: `choices[i].logprobs.content` (token, logprob) and the non-standard
+  `choices[i].token_ids` / `prompt_token_ids`, when the model returns them (the torch engine does).
 
 Endpoints: `GET /v1/models`, `GET /health`, `POST /v1/chat/completions` (also without the `/v1` prefix).
 
 Errors are OpenAI error JSON, `{"error": {"message", "type", "param", "code"}}`: 400 for a body that is not
-JSON or misses/mistypes a field, for `stream: true` (not supported), and for a prompt longer than the
+JSON or misses/mistypes a field, and for a prompt longer than the
 model's context (code `context_length_exceeded`, as vLLM answers; a Completion with
 `finish_reason="context"` and nothing generated); 404 for unknown paths; 413 for a body over
 `max_body_bytes`; 500 when the model raises or returns `Completion.error` (clients retry 5xx).
 
-Departures from the OpenAI API: no streaming, no log-probs; `n` up to `max_n` (copies of the request in
+Departures from the OpenAI API: a stream starts only when generation has ended (no token-by-token
+latency gain), and a choice's log-probs come in its last chunk; `top_logprobs` lists are empty; `n` up to `max_n` (copies of the request in
 the batch, seeds offset by the copy's index); a generation cut short by the context limit after it has
 produced text ends with `finish_reason="length"`, the nearest standard value; the request's `model` field
 is not checked (the server serves one model); the non-standard field `flywheel_meta` (an object) becomes
@@ -38,16 +44,19 @@ import dataclasses
 import json
 import logging
 import queue
+import re
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from flywheel.models.toolcalls import text_tool_calls
 from flywheel.protocols import Completion, Model, Request
 
 log = logging.getLogger(__name__)
@@ -98,8 +107,6 @@ def parse_chat_request(body: Any, max_n: int = 16) -> list[Request]:
     """The `Request`s (one per `n`) that a chat-completions body asks for; raises ApiError(400)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    if body.get("stream"):
-        raise bad_request('streaming is not supported by this server: send "stream": false', "stream")
     tools = _tools(body.get("tools"))
     if body.get("tool_choice") == "none":
         tools = None
@@ -119,6 +126,27 @@ def parse_chat_request(body: Any, max_n: int = 16) -> list[Request]:
     n = _number(body.get("n"), "n", 1, lo=1, hi=max_n, integer=True)
     seeds = [None if req.seed is None else req.seed + i for i in range(n)]
     return [req] if n == 1 else [dataclasses.replace(req, seed=s) for s in seeds]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How a request wants its answer: streamed or whole, with or without log-probs."""
+
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with `usage`
+    logprobs: bool = False
+
+
+def parse_answer(body: dict[str, Any]) -> Answer:
+    """The `Answer` a chat-completions body asks for; raises ApiError(400)."""
+    for param in ("stream", "logprobs"):
+        if body.get(param) is not None and not isinstance(body[param], bool):
+            raise bad_request(f"'{param}' must be a boolean", param)
+    _number(body.get("top_logprobs"), "top_logprobs", 0, lo=0, hi=20, integer=True)
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    return Answer(bool(body.get("stream")), bool(options.get("include_usage")), bool(body.get("logprobs")))
 
 
 def _list(value: Any, param: str) -> list[Any]:
@@ -225,24 +253,56 @@ def check_completions(completions: Sequence[Completion]) -> None:
             )
 
 
+def served(c: Completion, tools: list[dict[str, Any]] | None) -> Completion:
+    """`c` as the client sees it: an action in its text becomes a call of an offered tool (`toolcalls`)."""
+    if not tools or c.tool_calls:
+        return c
+    content, calls = text_tool_calls(c.text, tools)
+    return dataclasses.replace(c, text=content, tool_calls=calls) if calls else c
+
+
+def logprobs_json(c: Completion, decode: Callable[[int], str] | None = None) -> dict[str, Any] | None:
+    """OpenAI `choices[i].logprobs` for the sampled tokens (no alternatives); None when the model gave none."""
+    if c.logprobs is None or c.token_ids is None:
+        return None
+    content = []
+    for token_id, logprob in zip(c.token_ids, c.logprobs, strict=False):
+        token = decode(token_id) if decode else str(token_id)
+        content.append(
+            {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
+        )
+    return {"content": content}
+
+
 def chat_response(
     model_name: str,
     completions: Sequence[Completion],
     *,
     created: int | None = None,
     response_id: str | None = None,
+    logprobs: bool = False,
+    decode: Callable[[int], str] | None = None,
 ) -> dict[str, Any]:
-    """The OpenAI `chat.completion` object for the completions of one request."""
+    """The OpenAI `chat.completion` object for the completions of one request.
+
+    With `logprobs`, each choice also carries the generated token ids (`token_ids`, non-standard, as vLLM
+    returns them) and the response the prompt's (`prompt_token_ids`), when the model gave them.
+    """
     choices = []
     for i, c in enumerate(completions):
         message: dict[str, Any] = {"role": "assistant", "content": c.text}
         if c.tool_calls:
             message["content"] = c.text or None
             message["tool_calls"] = [tool_call_json(t, j) for j, t in enumerate(c.tool_calls)]
-        choices.append({"index": i, "message": message, "finish_reason": _finish(c), "logprobs": None})
+        choice = {"index": i, "message": message, "finish_reason": _finish(c), "logprobs": None}
+        if logprobs:
+            choice["logprobs"] = logprobs_json(c, decode)
+            if c.token_ids is not None:
+                choice["token_ids"] = list(c.token_ids)
+        choices.append(choice)
     prompt = completions[0].prompt_tokens if completions else 0
     generated = sum(c.completion_tokens for c in completions)
-    return {
+    response = {
         "id": response_id or f"chatcmpl-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion",
         "created": int(time.time()) if created is None else created,
@@ -254,6 +314,48 @@ def chat_response(
             "total_tokens": prompt + generated,
         },
     }
+    if logprobs and completions and completions[0].prompt_ids is not None:
+        response["prompt_token_ids"] = list(completions[0].prompt_ids)
+    return response
+
+
+def stream_chunks(response: dict[str, Any], include_usage: bool = False) -> list[dict[str, Any]]:
+    """A `chat.completion` as the `chat.completion.chunk`s that stream it, in order (without `[DONE]`).
+
+    Per choice: a chunk with the role, the content in pieces of a word, each tool call as OpenAI streams
+    one (id, name and empty arguments, then the arguments in pieces), and a last chunk with the
+    finish reason (and the log-probs and token ids, when asked for). Then, with `include_usage`, a chunk
+    with no choices and the usage.
+    """
+    head = {k: response[k] for k in ("id", "created", "model")}
+
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish, **extra}
+        return {**head, "object": "chat.completion.chunk", "choices": [choice]}
+
+    chunks = []
+    for choice in response["choices"]:
+        i, message = choice["index"], choice["message"]
+        chunks.append(chunk(i, {"role": "assistant", "content": ""}))
+        chunks += [chunk(i, {"content": piece}) for piece in _pieces(message.get("content") or "")]
+        for j, call in enumerate(message.get("tool_calls") or []):
+            fn = call["function"]
+            start = {"index": j, "id": call["id"], "type": "function"}
+            chunks.append(
+                chunk(i, {"tool_calls": [{**start, "function": {"name": fn["name"], "arguments": ""}}]})
+            )
+            for piece in _pieces(fn["arguments"]):
+                chunks.append(chunk(i, {"tool_calls": [{"index": j, "function": {"arguments": piece}}]}))
+        extra = {k: choice[k] for k in ("logprobs", "token_ids") if k in choice}
+        chunks.append(chunk(i, {}, choice["finish_reason"], **extra))
+    if include_usage:
+        chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": response["usage"]})
+    return chunks
+
+
+def _pieces(text: str) -> list[str]:
+    """`text` in pieces of one word and the space after it ("".join gives `text` back)."""
+    return [p for p in re.findall(r"\S*\s*", text) if p]
 
 
 def models_response(model_name: str, created: int) -> dict[str, Any]:
@@ -364,6 +466,8 @@ class ModelServer(ThreadingHTTPServer):
         self.created = int(time.time())
         super().__init__((host, port), _Handler)
         self.batcher = Batcher(model, self.config.batch_window_s, self.config.max_batch)
+        tokenizer = getattr(model, "tokenizer", None)  # the torch engine's: names the tokens of log-probs
+        self.decode = (lambda i: tokenizer.decode([i])) if tokenizer is not None else None
 
     @property
     def port(self) -> int:
@@ -374,6 +478,11 @@ class ModelServer(ThreadingHTTPServer):
         """The base URL clients use, e.g. http://127.0.0.1:8000/v1."""
         host = self.server_address[0]
         return f"http://{host}:{self.port}/v1"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that dropped its keep-alive connection is routine, not a traceback on stderr."""
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
 
     def close(self) -> None:
         """Stop serving (when `serve_forever` runs in another thread), free the port, stop the batcher."""
@@ -400,22 +509,30 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._read_body()
             if _route(self.path) != "/chat/completions":
                 raise ApiError(404, f"unknown path {self.path}", param="path", code="not_found")
-            self._send(200, self._chat(body))
+            self._chat(body)
         except ApiError as e:
             self._send_error(e)
         except Exception as e:  # a bug, not bad input: answer 500 and keep serving
             log.exception("error while answering %s", self.path)
             self._send_error(ApiError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
 
-    def _chat(self, raw: bytes) -> dict[str, Any]:
+    def _chat(self, raw: bytes) -> None:
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise bad_request(f"the request body is not valid JSON: {e}") from None
         requests = parse_chat_request(body, self.server.config.max_n)
+        answer = parse_answer(body)
         completions = self.server.batcher.submit(requests)
         check_completions(completions)
-        return chat_response(self.server.model_name, completions)
+        completions = [served(c, requests[0].tools) for c in completions]
+        response = chat_response(
+            self.server.model_name, completions, logprobs=answer.logprobs, decode=self.server.decode
+        )
+        if answer.stream:
+            self._send_events(stream_chunks(response, answer.include_usage))
+        else:
+            self._send(200, response)
 
     def _read_body(self) -> bytes:
         length = self.headers.get("Content-Length")
@@ -443,6 +560,21 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (e.g. its timeout)
+            self.close_connection = True
+
+    def _send_events(self, chunks: list[dict[str, Any]]) -> None:
+        """Server-sent events, one `data:` line per chunk and `data: [DONE]`, in chunked transfer encoding."""
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for event in [*(json.dumps(c) for c in chunks), "[DONE]"]:
+                data = f"data: {event}\n\n".encode()
+                self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:
