@@ -4,8 +4,8 @@
               → protocols, record, registry, errors, seeding, progress
 
 A package may import its own modules and anything in a lower layer; packages in one layer may import each
-other only where `SIDEWAYS` says so (the bottom layer's modules may use each other) (rl reads eval's episode runner and sft's renaming; nothing imports
-back). Every import counts, at module level or inside a function: an import inside a function to dodge a
+other only where `SIDEWAYS` says so (the bottom layer's modules may use each other) (rl reads eval's episode runner, sft's renaming and fusion's pair runner;
+nothing imports back). Every import counts, at module level or inside a function: an import inside a function to dodge a
 cycle is still an edge.
 """
 
@@ -27,7 +27,7 @@ LAYERS = [
     {"tasks", "sandbox", "sync"},
     {"protocols", "record", "registry", "errors", "seeding", "progress", "__init__"},
 ]
-SIDEWAYS = {("rl", "eval"), ("rl", "sft"), ("sft", "eval")}
+SIDEWAYS = {("rl", "eval"), ("rl", "sft"), ("sft", "eval"), ("rl", "fusion")}
 
 
 def layer(pkg: str) -> int:

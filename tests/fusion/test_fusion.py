@@ -187,3 +187,38 @@ def test_eval_runs_fusion_through_the_cli(clamp_task, tmp_path):
         r = flywheel("eval", "--suite", suite, "--out", tmp_path / "bad", *args)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and fragment in lines[0], r.stderr
+
+
+def test_compare_runs_lead_sidekick_and_pair_into_one_table_and_report(clamp_task, tmp_path):
+    from flywheel.eval.report import collect
+
+    out, suite = tmp_path / "cmp", clamp_task.root.parent
+    r = flywheel(
+        "eval",
+        "--compare",
+        "--lead",
+        "scripted-lead",
+        "--sidekick",
+        "scripted",
+        "--suite",
+        suite,
+        "--out",
+        out,
+    )
+    assert r.returncode == 0, r.stderr
+    head, *lines = r.stdout.strip().splitlines()
+    assert "success (95% CI)" in head and [line.split()[0] for line in lines] == ["lead", "sidekick", "pair"]
+    rows = {row["policy"]: row for row in json.loads((out / "compare.json").read_text())["policies"]}
+    assert all(rows[p]["success_rate"] == 1.0 for p in rows)
+    assert rows["pair"]["delegations"] == 1.0 and rows["lead"]["delegations"] == 0.0
+    assert rows["pair"]["mean_cost"] == pytest.approx(
+        rows["pair"]["lead_cost"] + rows["pair"]["sidekick_cost"]
+    )
+    assert rows["lead"]["lead_cost"] == rows["lead"]["mean_cost"] and rows["sidekick"]["lead_cost"] == 0.0
+    for name in ("lead", "sidekick", "pair"):
+        assert (out / name / "summary.json").is_file()
+    assert {name for name, _ in collect([out]).points} == {"lead", "sidekick", "pair"}
+    page = tmp_path / "report.html"
+    assert flywheel("report", out, "--out", page).returncode == 0 and page.stat().st_size > 0
+    r = flywheel("eval", "--compare", "--model", "scripted", "--suite", suite, "--out", tmp_path / "bad")
+    assert r.returncode == 2 and "--compare needs --lead and --sidekick" in r.stderr

@@ -1,12 +1,15 @@
 """`flywheel eval`: run a suite through the harness and write trajectories and a summary.
 
 With `--lead` and `--sidekick` instead of `--model`, each attempt is Fusion's (`flywheel.fusion`): the lead
-works with a `delegate` tool that runs the sidekick in its workspace.
+works with a `delegate` tool that runs the sidekick in its workspace; `--compare` runs the lead alone, the
+sidekick alone and the pair on the same tasks (`flywheel.eval.compare`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -64,37 +67,80 @@ def eval_(
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Top-p (nucleus) sampling."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampler and of noisy oracles."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run directory's results."),
+    compare: bool = typer.Option(
+        False,
+        "--compare",
+        help="Fusion: run the lead alone, the sidekick alone and the pair into OUT/lead, OUT/sidekick, "
+        "OUT/pair; print one table and write OUT/compare.json.",
+    ),
 ) -> None:
     """Evaluate MODEL (or a LEAD with its SIDEKICK) on SUITE at one effort level; prints the summary as JSON."""
     from flywheel.errors import FlywheelError
-    from flywheel.eval import run_eval, write_summary
+    from flywheel.eval.compare import compare_rows, compare_table
     from flywheel.eval.run import rollout
     from flywheel.fusion import Fusion, FusionConfig
     from flywheel.harness import get_effort
-    from flywheel.progress import progress
     from flywheel.tasks import load_suite
 
     if bool(lead) != bool(sidekick) or bool(model) == bool(lead):
         raise FlywheelError("give --model, or --lead and --sidekick (Fusion)")
+    if compare and not lead:
+        raise FlywheelError("--compare needs --lead and --sidekick")
     get_effort(effort)  # a bad effort fails before anything loads
     if sidekick_effort:
         get_effort(sidekick_effort)
     tasks = load_suite(suite, split=split)
     tasks = tasks[:limit] if limit else tasks
     policy, cfg = _policy(lead or model, base_url, seed, temperature, top_p, cohorts, action_format)
-    runner = rollout
-    if sidekick:
-        helper, helper_cfg = _policy(sidekick, sidekick_base_url or base_url, seed, temperature, top_p, 1)
-        runner = Fusion(helper, helper_cfg, FusionConfig(sidekick_effort=sidekick_effort)).rollout
+    run = partial(_run, tasks, effort=effort, seed=seed, concurrency=concurrency, overwrite=overwrite)
+    if not sidekick:
+        typer.echo(json.dumps(run(policy, cfg, out, rollout), indent=1))
+        return
+    helper, helper_cfg = _policy(sidekick, sidekick_base_url or base_url, seed, temperature, top_p, 1)
+    pair = Fusion(helper, helper_cfg, FusionConfig(sidekick_effort=sidekick_effort)).rollout
+    if not compare:
+        typer.echo(json.dumps(run(policy, cfg, out, pair), indent=1))
+        return
+    lone_effort = sidekick_effort or effort  # the sidekick alone runs at the level it has in the pair
+    summaries = {
+        "lead": run(policy, cfg, out / "lead", rollout),
+        "sidekick": _run(tasks, helper, helper_cfg, out / "sidekick", rollout, effort=lone_effort,
+                         seed=seed, concurrency=concurrency, overwrite=overwrite),
+        "pair": run(policy, cfg, out / "pair", pair),
+    }  # fmt: skip
+    rows = compare_rows(summaries)
+    (out / "compare.json").write_text(
+        json.dumps({"suite": suite, "effort": effort, "lead": lead, "sidekick": sidekick, "policies": rows},
+                   indent=1) + "\n"
+    )  # fmt: skip
+    typer.echo(compare_table(rows))
+
+
+def _run(
+    tasks: list,
+    policy: Model,
+    cfg: HarnessConfig,
+    out: Path,
+    runner: Callable[..., list[Trajectory]],
+    *,
+    effort: str,
+    seed: int,
+    concurrency: int,
+    overwrite: bool,
+) -> dict:
+    """One evaluation into `out` with a progress line; Ctrl-C keeps what finished (exit 130)."""
+    from flywheel.eval import run_eval, write_summary
+    from flywheel.progress import progress
+
     wins = []
-    with progress(f"eval {lead or model}", len(tasks)) as advance:
+    with progress(f"eval {policy.name} -> {out}", len(tasks)) as advance:
 
         def tick(record: Trajectory) -> None:
             wins.append(record.success)
             advance(success=sum(wins) / len(wins))
 
         try:
-            summary = run_eval(
+            return run_eval(
                 tasks,
                 policy,
                 out,
@@ -110,7 +156,6 @@ def eval_(
             summary = write_summary(out, model_name=policy.name, effort=effort, interrupted=True)
             typer.echo(f"interrupted: kept {summary['n']} finished trajectories in {out}", err=True)
             raise typer.Exit(130) from None
-    typer.echo(json.dumps(summary, indent=1))
 
 
 def _policy(

@@ -9,7 +9,8 @@ rung, with the cost priced by the caller's `cost(record)` (training passes the r
 level (`flywheel.eval.summarize`, plus `mean_reward_cost` over the valid attempts), writing trajectories
 under `out/<effort>/`.
 
-Both take plain arguments (effort levels, harness settings, concurrency, the cost), so that evaluation
+Both take plain arguments (effort levels, harness settings, concurrency, the cost, and what runs the
+episodes: `rollout`, or Fusion's `sidekick_rollout` to measure a lead with `engine` as its sidekick), so that evaluation
 needs nothing from the training code; `flywheel.rl.calibrate.measuring(cfg)` builds them from a run config.
 """
 
@@ -33,6 +34,7 @@ from flywheel.tasks.format import Task
 
 LADDER = (0.5, 1.0, 2.0)
 Cost = Callable[[Trajectory], float]  # a trajectory record's cost, in the reward's unit
+Runner = Callable[..., list[Trajectory]]  # runs episodes with `rollout`'s signature (Fusion: its pair's)
 
 
 def ladder_specs(
@@ -66,6 +68,7 @@ def measure_ladder(
     factors: Sequence[float] = LADDER,
     samples: int = 2,
     on_record: Callable[[Trajectory], None] | None = None,
+    runner: Runner = rollout,
 ) -> dict[str, list[tuple[float, float, float]]]:
     """effort -> [(factor, mean cost, success rate)] for each rung of the ladder.
 
@@ -77,7 +80,7 @@ def measure_ladder(
     Attempts the infrastructure failed are left out of a rung (unless every one of its attempts was).
     """
     specs, rung_of = ladder_specs(tasks, efforts, factors, samples, seed)
-    records = rollout(engine, specs, cfg, concurrency=concurrency, on_record=on_record)
+    records = runner(engine, specs, cfg, concurrency=concurrency, on_record=on_record)
     by_rung: dict[tuple[str, float], list[Trajectory]] = {}
     for r in records:
         by_rung.setdefault(rung_of[r.id], []).append(r)
@@ -105,13 +108,14 @@ def evaluate_policy(
     cost: Cost,
     samples: int = 1,
     seed: int = 12345,
+    runner: Runner = rollout,
 ) -> dict[str, dict[str, Any]]:
     """Summaries per effort level of `engine` on `tasks` (trajectories in out/<effort>/)."""
     out = Path(out)
     result = {}
     for level in efforts:
         with progress(f"evaluate {level.name}", len(tasks) * samples) as advance:
-            records = rollout(
+            records = runner(
                 engine,
                 make_specs(tasks, [level], samples, seed=seed),
                 cfg,

@@ -22,6 +22,12 @@ What is not covered: delegations run one at a time (a lock), whatever the lead's
 delegation starts the sidekick from a fresh conversation (it knows earlier delegations only through the
 workspace and the lead's words); a take-over is counted when the lead's own `edit` succeeds after a
 delegation (a `shell` command that edits files is not counted).
+
+Training the sidekick under its lead (`flywheel train` with `[fusion]`): `sidekick_rollout` runs Fusion's
+attempts with `rollout`'s signature and the sidekick as the model, the lead loaded by spec and frozen, so
+that the loop's pools (`flywheel.loop.pool.run_items`, by its `episodes` reference) and calibration run
+the pair as they run a single policy. The trainer then replays only the nested sidekick's turns
+(`flywheel.rl.trainer.turns_of`), each scored with its whole attempt's reward, the lead's cost included.
 """
 
 from __future__ import annotations
@@ -29,12 +35,13 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort, run_episodes
 from flywheel.harness.agent import Episode, ExtraTools
+from flywheel.harness.effort import Effort
 from flywheel.harness.tools import ToolResult
 from flywheel.models import get_model
 from flywheel.models.actions import DELEGATE, DELEGATE_STOP, Action
@@ -59,6 +66,8 @@ class FusionConfig:
     sidekick_effort: str | None = None  # the sidekick's effort level; None: the lead's episode's
     max_delegations: int = 4  # per attempt; past them `delegate` is refused
     report_chars: int = 1200  # of the diff, the last test output and the last message each, in a report
+    # the sidekick's level, budgets included, by the lead's episode id (over `sidekick_effort`)
+    sidekick_levels: dict[str, Effort] = field(default_factory=dict)
 
 
 class Fusion:
@@ -139,7 +148,8 @@ class Fusion:
                 return ToolResult(
                     f"error: no delegations left ({self.config.max_delegations} per attempt)", ok=False
                 )
-            spec = sidekick_spec(ep.spec, action.args["instruction"], k, ws, self.config.sidekick_effort)
+            effort = self.config.sidekick_levels.get(ep.spec.id) or self.config.sidekick_effort
+            spec = sidekick_spec(ep.spec, action.args["instruction"], k, ws, effort)
             before = _tree(ws)
             record = self._run_sidekick(spec, sandbox)
             after = _tree(ws)
@@ -170,10 +180,11 @@ class Fusion:
 
 
 def sidekick_spec(
-    lead: EpisodeSpec, instruction: str, k: int, workspace: Path, effort: str | None
+    lead: EpisodeSpec, instruction: str, k: int, workspace: Path, effort: str | Effort | None
 ) -> EpisodeSpec:
     """The `k`-th delegation's episode: the lead's task, told the lead's instruction, in the lead's
-    workspace, at `effort` (None: the lead's); its id is the lead's with `/sidekick<k>` after it."""
+    workspace, at `effort` (a level's name or the level itself; None: the lead's); its id is the lead's
+    with `/sidekick<k>` after it."""
     task = replace(
         lead.task, instruction=f"{lead.task.instruction.strip()}\n\nYour lead asks:\n{instruction}"
     )
@@ -181,7 +192,7 @@ def sidekick_spec(
     return replace(
         lead,
         task=task,
-        effort=get_effort(effort) if effort else lead.effort,
+        effort=(get_effort(effort) if isinstance(effort, str) else effort) or lead.effort,
         variant=variant,
         workspace=workspace,
     )
@@ -253,6 +264,54 @@ def _tree(workspace: Path) -> dict[str, str]:
 
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else f"{text[: limit // 2]}\n[...]\n{text[-limit // 2 :]}"
+
+
+def sidekick_rollout(
+    sidekick: Model,
+    specs: Sequence[EpisodeSpec],
+    cfg: HarnessConfig,
+    *,
+    lead: str,
+    lead_base_url: str = "",
+    lead_effort: str = "",
+    max_delegations: int = 4,
+    concurrency: int = 8,
+    sandbox: Sandbox | None = None,
+    grader: Grader | None = None,
+    on_record: Callable[[Trajectory], None] | None = None,
+) -> list[Trajectory]:
+    """Fusion's attempts at `specs` with `flywheel.eval.run.rollout`'s signature, `sidekick` as its model:
+    the lead (loaded by spec, frozen) runs each spec and delegates to `sidekick` at the spec's level.
+
+    `lead_effort` gives the lead the turn and token budgets and the prompt line of that level; its name
+    (so the record's id and effort are the spec's) and its wall-time and dollar budgets stay the spec's.
+    (a calibration ladder scales the sidekick's budgets, not the lead's). Both sides run under `cfg`."""
+    levels = {s.id: s.effort for s in specs}  # a calibration ladder's rungs share a level's name
+    fusion = Fusion(sidekick, cfg, FusionConfig(max_delegations=max_delegations, sidekick_levels=levels))
+    if lead_effort:
+        top = get_effort(lead_effort)
+        specs = [
+            replace(s, effort=replace(
+                s.effort, marker=top.marker, max_turns=top.max_turns, max_tokens=top.max_tokens,
+                turn_tokens=top.turn_tokens,
+            ))
+            for s in specs
+        ]  # fmt: skip
+    return fusion.rollout(
+        lead_model(lead, lead_base_url),
+        specs,
+        cfg,
+        concurrency=concurrency,
+        sandbox=sandbox,
+        grader=grader,
+        on_record=on_record,
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def lead_model(spec: str, base_url: str = "") -> Model:
+    """The lead named by `spec` (with its server for `openai:NAME`), loaded once per process."""
+    return load_model(spec, **({"base_url": base_url} if base_url else {}))
 
 
 def load_model(spec: str, **opts: Any) -> Model:

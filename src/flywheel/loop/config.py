@@ -79,6 +79,10 @@ class LoopConfig:
     trajectories: str = (
         "full"  # RUN_DIR/trajectories.jsonl: "full", "lite" (no per-token replay data) or "none"
     )
+    # "module:function" running a pool batch's episodes, with `flywheel.eval.run.rollout`'s signature and
+    # `episodes_options` as keywords ("": the harness's run_episodes); Fusion: flywheel.fusion:sidekick_rollout
+    episodes: str = ""
+    episodes_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.deterministic:

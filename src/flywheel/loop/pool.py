@@ -61,6 +61,8 @@ class PoolSpec:
     torch_threads: int = 1
     grader: str | None = None
     catch_up_wait_s: float = 30.0
+    episodes: str = ""  # `LoopConfig.episodes`: what runs a batch's episodes ("": run_episodes)
+    episodes_options: dict[str, Any] = field(default_factory=dict)
 
 
 def load_grader(ref: str | None) -> Callable[..., Any] | None:
@@ -83,7 +85,8 @@ def run_items(
     emit: Callable[[str, Any], None],
     concurrency: int,
 ) -> None:
-    """Run `items` on `engine` under the spec's harness settings; `emit` "started", then each record."""
+    """Run `items` on `engine` under the spec's harness settings; `emit` "started", then each record.
+    The spec's `episodes` runner, when it names one, runs them instead of the harness's `run_episodes`."""
     emit("started", {"ids": [it.id for it in items], "version": version, "pid": os.getpid()})
     specs = [EpisodeSpec(it.task, effort_of(spec, it.effort), seed=it.seed, index=it.index) for it in items]
     cfg = HarnessConfig(
@@ -95,6 +98,11 @@ def run_items(
         record.pool = spec.pool_id
         emit("record", record)
 
+    if spec.episodes:  # e.g. Fusion: the engine is the sidekick of a lead loaded by the runner
+        runner = load(spec.episodes, "episode runner")
+        kw = spec.episodes_options
+        runner(engine, specs, cfg, grader=grader, concurrency=concurrency, on_record=on_record, **kw)
+        return
     run_episodes(specs, engine, cfg=cfg, grader=grader, concurrency=concurrency, on_record=on_record)
 
 

@@ -152,6 +152,7 @@ def pool_spec(cfg: LoopConfig, i: int, store: str) -> PoolSpec:
         action_format=cfg.action_format, cohorts=cfg.cohorts,
         max_context=cfg.max_context, torch_threads=cfg.torch_threads, grader=cfg.grader,
         catch_up_wait_s=math.inf if cfg.sync else cfg.catch_up_wait_s,  # older weights would only give stale records
+        episodes=cfg.episodes, episodes_options=dict(cfg.episodes_options),
     )  # fmt: skip
 
 

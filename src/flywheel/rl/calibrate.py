@@ -26,7 +26,8 @@ from the cheapest point on) has no slope: every λ is 0. λ is clamped at 0 (it 
 `run_calibration(cfg, out)` is `flywheel calibrate`: it measures the run's base policy at the ladder of
 budgets (`flywheel.eval.measure.measure_ladder`, priced with the reward's cost), calibrates, and writes
 `calibration.json` and `calibration.png`. `measuring(cfg)` is how a run config measures a policy: its
-effort levels with their budgets, its harness settings, its concurrency and the reward's cost.
+effort levels with their budgets, its harness settings, its concurrency, the reward's cost, and with
+`[fusion]` the pair's runner (the lead delegating to the measured model), so that λ is the pair's.
 """
 
 from __future__ import annotations
@@ -41,11 +42,19 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.eval.measure import LADDER, measure_ladder
-from flywheel.eval.run import efforts_for
+from flywheel.eval.run import efforts_for, rollout
+from flywheel.fusion import sidekick_rollout
 from flywheel.progress import progress
 from flywheel.rl.config import RunConfig
 from flywheel.rl.rollout import reward_cost
-from flywheel.rl.train import harness_config, load_engine, load_tasks, setup_torch
+from flywheel.rl.train import (
+    check_fusion,
+    fusion_options,
+    harness_config,
+    load_engine,
+    load_tasks,
+    setup_torch,
+)
 from flywheel.seeding import stable_seed
 
 Point = tuple[float, float]  # (mean cost per rollout, success rate)
@@ -190,13 +199,15 @@ def plot_calibration(result: Calibration, path: str | os.PathLike[str]) -> Path:
 
 def measuring(cfg: RunConfig) -> dict[str, Any]:
     """The run's way of measuring a policy, as `flywheel.eval.measure` takes it: `efforts` (the run's levels
-    with their budgets), `cfg` (its harness settings), `concurrency` and `cost` (the reward's)."""
+    with their budgets), `cfg` (its harness settings), `concurrency`, `cost` (the reward's) and `runner`
+    (with `[fusion]`, the lead delegating to the measured model)."""
     r = cfg.rollout
     return {
         "efforts": efforts_for(r.efforts, r.max_turns, r.max_tokens, cfg.deterministic),
         "cfg": harness_config(cfg, 0),
         "concurrency": r.concurrency,
         "cost": partial(reward_cost, deterministic=cfg.deterministic),
+        "runner": partial(sidekick_rollout, **fusion_options(cfg)) if cfg.fusion else rollout,
     }
 
 
@@ -209,7 +220,9 @@ def run_calibration(
     limit: int = 16,
     split: str = "train",
 ) -> dict[str, Any]:
-    """Measure the base policy's ladders, calibrate λ per effort, write calibration.json/.png into `out`."""
+    """Measure the base policy's ladders (with `[fusion]`, under its lead), calibrate λ per effort, write
+    calibration.json/.png into `out`."""
+    check_fusion(cfg)
     setup_torch(cfg)
     tasks = load_tasks(cfg, split=split, limit=limit)
     engine = load_engine(cfg)

@@ -107,6 +107,16 @@ class TrainConfig:
 
 
 @dataclass
+class FusionSection:
+    """`[fusion]`: train the run's model as the sidekick of a frozen lead (`flywheel.fusion`)."""
+
+    lead: str = ""  # the lead's model spec (scripted-lead, openai:NAME, hf:DIR, ...); required
+    lead_base_url: str = ""  # the lead's server, for openai:NAME
+    lead_effort: str = ""  # the lead's turn and token budgets come from this level ("": the attempt's)
+    max_delegations: int = 4  # per attempt
+
+
+@dataclass
 class RunConfig:
     """`flywheel train CONFIG`: everything a run needs."""
 
@@ -120,6 +130,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)  # backend "inline" (default), "local" or "ray"
+    fusion: FusionSection | None = None  # set: the model is trained as a lead's sidekick
 
 
 # -------------------------------------------------------------------------------------------- loading
@@ -148,9 +159,14 @@ def from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
         values[key] = _coerce(
             hints[key],
             value,
-            f"{where}: [{key}]" if dataclasses.is_dataclass(hints[key]) else f"{where}: '{key}'",
+            f"{where}: [{key}]" if _section(hints[key]) else f"{where}: '{key}'",
         )
     return cls(**values)
+
+
+def _section(hint: Any) -> bool:
+    """A dataclass, or an optional one."""
+    return any(dataclasses.is_dataclass(h) for h in (hint, *typing.get_args(hint)))
 
 
 def _coerce(hint: Any, value: Any, where: str) -> Any:
@@ -163,6 +179,10 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(hint)
     if origin in (list, dict):
         return _coerce_container(origin, typing.get_args(hint), value, where)
+    if origin in (typing.Union, types.UnionType) and value is not None:
+        options = [o for o in typing.get_args(hint) if o is not type(None)]
+        if len(options) == 1:  # an optional section or value: its own errors, by name
+            return _coerce(options[0], value, where)
     if origin in (typing.Union, types.UnionType):
         for option in typing.get_args(hint):
             try:

@@ -3,7 +3,8 @@
 Normally it is the harness's cost in dollars (tokens and compute seconds). Seconds are not reproducible,
 so a deterministic run prices a modelled time instead: fixed seconds per generated token, per prompt
 token and per tool call (`MODELLED_SECONDS`), which keeps the cost's shape (longer and busier attempts
-cost more) and makes two runs with the same seed identical.
+cost more) and makes two runs with the same seed identical. A Fusion attempt costs both sides' usage, each priced by
+its own model, in either mode (`cost_parts`).
 
 Running the episodes themselves (`rollout`, `make_specs`, `efforts_for`) is not RL-specific: it lives in
 `flywheel.eval.run`.
@@ -26,9 +27,22 @@ def tool_calls(record: Trajectory) -> int:
 
 
 def reward_cost(record: Trajectory, deterministic: bool = False) -> float:
-    """The attempt's cost in dollars: the harness's, or with modelled seconds when `deterministic`."""
+    """The attempt's cost in dollars: the harness's, or with modelled seconds when `deterministic`. A
+    Fusion attempt's is the whole pair's, the lead's and every delegation's (`cost_parts`)."""
+    return sum(cost_parts(record, deterministic))
+
+
+def cost_parts(record: Trajectory, deterministic: bool = False) -> tuple[float, float]:
+    """(the lead's or single agent's cost, the sidekick's): the second is 0 except for Fusion's attempts."""
     if not deterministic:
-        return float(record.cost)
+        if record.fusion is None:
+            return float(record.cost), 0.0
+        return float(record.fusion["lead_cost"]), float(record.fusion["sidekick_cost"])
+    return modelled_cost(record), sum(modelled_cost(s) for s in record.sidekick or [])
+
+
+def modelled_cost(record: Trajectory) -> float:
+    """One episode's own cost (a Fusion lead's without its sidekick) priced with modelled seconds."""
     per_gen, per_prompt, per_tool = MODELLED_SECONDS
     seconds = (
         record.completion_tokens * per_gen + record.prompt_tokens * per_prompt + tool_calls(record) * per_tool

@@ -23,6 +23,11 @@ reward prices modelled seconds instead of measured ones (`flywheel.rl.rollout`);
 algorithms. Two runs of one config then write the same metrics.jsonl and checkpoint files, byte for byte,
 on the same machine and thread count.
 
+Fusion (`[fusion] lead = SPEC`): every attempt is a frozen lead's, delegating to the run's model as its
+sidekick (`flywheel.fusion.sidekick_rollout`, run by every backend's pools); the trainer trains only the
+sidekick's turns, and the reward charges the whole pair's cost, the lead's included, so the sidekick
+learns to need less of its lead.
+
 Resume: a run directory with checkpoints continues from the latest complete one; metrics and trajectories
 written after it are cut back first, so the continuation is the same as an uninterrupted run.
 """
@@ -45,6 +50,7 @@ from flywheel.loop import RunDir, WorkItem
 from flywheel.loop import run as run_loop
 from flywheel.loop.config import RUN_FIELDS, LoopConfig, check_config
 from flywheel.loop.dispatch import item_id
+from flywheel.models import MODELS, SPECS
 from flywheel.progress import progress
 from flywheel.record import Trajectory
 from flywheel.rl.config import RunConfig, to_dict
@@ -123,6 +129,7 @@ def check(cfg: RunConfig) -> None:
     if set_in_loop:
         raise FlywheelError(f"[loop] {set_in_loop[0]}: set by the rest of the run config, not in [loop]")
     check_config(loop_config(cfg, spec="unchecked"))  # the model path is checked where it is loaded
+    check_fusion(cfg)
     r = cfg.reward
     if r.length_penalty < 0 or r.length_phase < 0:
         raise FlywheelError("[reward] length_penalty and length_phase must be >= 0")
@@ -133,6 +140,35 @@ def check(cfg: RunConfig) -> None:
             raise FlywheelError(f"[reward] length_budget: effort '{e}' is not in [rollout] efforts")
         if turns < 1:
             raise FlywheelError(f"[reward] length_budget.{e} must be >= 1 turn")
+
+
+def check_fusion(cfg: RunConfig) -> None:
+    """A `[fusion]` section names a known lead (loaded only where the episodes run)."""
+    f = cfg.fusion
+    if f is None:
+        return
+    if not f.lead:
+        raise FlywheelError("[fusion] lead is missing: give the lead's model spec (e.g. scripted-lead)")
+    kind = f.lead.split(":", 1)[0]
+    if f.lead != "scripted-lead" and (kind not in MODELS or kind == "torch"):
+        raise FlywheelError(f"[fusion] lead: unknown model '{f.lead}' (use {SPECS}, or scripted-lead)")
+    if f.lead_effort and f.lead_effort not in EFFORTS:
+        raise FlywheelError(f"[fusion] lead_effort: unknown effort '{f.lead_effort}'")
+    if f.max_delegations < 1:
+        raise FlywheelError("[fusion] max_delegations must be >= 1")
+
+
+def fusion_options(cfg: RunConfig) -> dict[str, Any]:
+    """`flywheel.fusion.sidekick_rollout`'s keywords from `[fusion]` (empty without one)."""
+    f = cfg.fusion
+    if f is None:
+        return {}
+    return {
+        "lead": f.lead,
+        "lead_base_url": f.lead_base_url,
+        "lead_effort": f.lead_effort,
+        "max_delegations": f.max_delegations,
+    }
 
 
 def setup_torch(cfg: RunConfig) -> None:
@@ -273,6 +309,8 @@ def loop_config(cfg: RunConfig, spec: str = "") -> LoopConfig:
         max_minutes=cfg.train.max_minutes,
         checkpoint_every=cfg.train.checkpoint_every,
         trajectories=cfg.train.trajectories,
+        episodes="flywheel.fusion:sidekick_rollout" if cfg.fusion else "",
+        episodes_options=fusion_options(cfg),
     )
 
 

@@ -2,11 +2,13 @@
 
 `Trainer.step(records)`:
 
-1. reward ``R_i = S_i - λ_e·C_i`` per rollout (`objective.reward`, C from `rollout.reward_cost`);
+1. reward ``R_i = S_i - λ_e·C_i`` per rollout (`objective.reward`, C from `rollout.reward_cost`; a Fusion
+   attempt's C is the lead's and the sidekick's together);
 2. advantages within each (task, effort) group, against the length-weighted baseline (or the group mean),
    over the attempts the policy ended: one the infrastructure ended (`Trajectory.infra_failure`) stays
    in the records with its score but has advantage 0 and is left out of its group's baseline;
-3. for every assistant turn that carries its sampled tokens, a forward pass over the turn's exact prompt
+3. for every trained assistant turn that carries its sampled tokens (`turns_of`: a Fusion attempt's
+   sidekick turns only, the lead frozen), a forward pass over the turn's exact prompt
    and generated ids (packed, see below); the generated tokens' log-probabilities are replayed over the sampler's top-p kept
    sets (`replay=True`) or over the full vocabulary (`replay=False`, the ablation), both at the sampling
    temperature;
@@ -57,7 +59,7 @@ from flywheel.rl.objective import (
 )
 from flywheel.rl.optim import build_optimizer
 from flywheel.rl.pack import PrefixPack, pack_groups
-from flywheel.rl.rollout import reward_cost
+from flywheel.rl.rollout import cost_parts
 
 TURN_TOKENS = 256  # default per-rollout share of the token budget
 
@@ -75,8 +77,11 @@ def torch_threads(n: int):
 
 
 def turns_of(record: Trajectory) -> list[dict[str, Any]]:
-    """The assistant turns that carry sampled tokens (in-process models)."""
-    return [t for t in record.turns if t["role"] == "assistant" and t.get("token_ids")]
+    """The assistant turns that carry sampled tokens (in-process models) and are trained: a Fusion
+    attempt's (`record.fusion`) are its nested sidekick episodes' only, whatever the lead's turns carry
+    (the lead is frozen); they all share the attempt's advantage."""
+    episodes = (record.sidekick or []) if record.fusion is not None else [record]
+    return [t for e in episodes for t in e.turns if t["role"] == "assistant" and t.get("token_ids")]
 
 
 def generated_tokens(record: Trajectory) -> int:
@@ -110,8 +115,10 @@ def score(
     `length_scope="solved"` only in (task, effort) groups where some attempt solved the task (a success
     is honest: the grader never lets a cheat succeed). A record the infrastructure ended
     (`infra_failure`) is masked: advantage 0, and left out of its group's baseline and of `solved`; a
-    group with fewer than two valid records trains nothing."""
-    costs = [reward_cost(r, deterministic) for r in records]
+    group with fewer than two valid records trains nothing. A Fusion attempt's cost is the pair's, and its
+    score adds each side's (`lead_cost`, `sidekick_cost`); its tokens are its sidekick's."""
+    parts = [cost_parts(r, deterministic) for r in records]
+    costs = [lead + side for lead, side in parts]
     lams = [float(lambdas.get(r.effort, 0.0)) for r in records]
     keys = [(r.task_id, r.effort) for r in records]
     valid = [r.infra_failure is None for r in records]
@@ -126,10 +133,14 @@ def score(
     rewards = [reward(r.success, c, lam) - o for r, c, lam, o in zip(records, costs, lams, over, strict=True)]
     lengths = [generated_tokens(r) for r in records]
     adv = advantages_flat(rewards, lengths, keys, baseline, valid)
-    return [
+    out = [
         {"cost": c, "lambda": lam, "length_penalty": o, "reward": rw, "advantage": a, "tokens": n}
         for c, lam, o, rw, a, n in zip(costs, lams, over, rewards, adv, lengths, strict=True)
     ]
+    for s, r, (lead, side) in zip(out, records, parts, strict=True):
+        if r.fusion is not None:
+            s.update(lead_cost=lead, sidekick_cost=side)
+    return out
 
 
 class Trainer:
@@ -356,4 +367,20 @@ def _means(
         f"{prefix}turns": statistics.fmean(r.n_turns for r in records),
         f"{prefix}tokens": statistics.fmean(s["tokens"] for s in scores),
         f"{prefix}format_errors": statistics.fmean(r.format_errors for r in records),
+        **_fusion_means(records, scores, prefix),
+    }
+
+
+def _fusion_means(
+    records: Sequence[Trajectory], scores: Sequence[dict[str, float]], prefix: str
+) -> dict[str, float]:
+    """Fusion's attempts: delegations and take-overs per attempt, each side's mean cost (the reward's)."""
+    pairs = [(r.fusion, s) for r, s in zip(records, scores, strict=True) if r.fusion is not None]
+    if not pairs:
+        return {}
+    return {
+        f"{prefix}delegations": statistics.fmean(f["delegations"] for f, _ in pairs),
+        f"{prefix}take_overs": statistics.fmean(f["take_overs"] for f, _ in pairs),
+        f"{prefix}lead_cost": statistics.fmean(s["lead_cost"] for _, s in pairs),
+        f"{prefix}sidekick_cost": statistics.fmean(s["sidekick_cost"] for _, s in pairs),
     }
