@@ -73,6 +73,8 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
         ("[objective]\npack_tokens = 0\n", "[objective] pack_tokens"),
         ("[tasks]\nrename = 2\n", "[tasks] rename"),
         ("[rollout]\ncohorts = 0\n", "[rollout] cohorts"),
+        ("[rollout]\ncompaction = 'zip'\n", "[rollout] compaction"),
+        ("[rollout]\ncompact_at = 1.5\n", "[rollout] compact_at"),
         ("[train]\nupdate_threads = -1\n", "[train] update_threads"),
         ("[reward]\nlength_penalty = -0.1\n", "[reward] length_penalty"),
         ("[reward]\nlength_budget = { turbo = 3 }\n", "[reward] length_budget"),
@@ -243,6 +245,9 @@ def test_a_loop_backend_runs_episodes_under_the_run_configs_budgets(base, tmp_pa
     cfg.loop = LoopConfig(backend="local", pools=1)
     lcfg = loop_config(cfg)
     assert (lcfg.observation_chars, lcfg.cohorts, lcfg.action_format) == (300, 2, "tagged")
+    cfg.rollout.compaction, cfg.rollout.compact_at = "summary", 0.5
+    assert (loop_config(cfg).compaction, loop_config(cfg).compact_at) == ("summary", 0.5)
+    cfg.rollout.compaction = "elide"
     assert lcfg.budgets["max"]["max_turns"] == 2 and lcfg.budgets["medium"]["max_tokens"] == 300
     assert [r["version"] for r in train(cfg, tmp_path / "run")] == [1]
     records = read_trajectories(tmp_path / "run" / "trajectories.jsonl")

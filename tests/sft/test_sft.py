@@ -12,7 +12,7 @@ import pytest
 
 from flywheel.record import Trajectory
 from flywheel.rl.config import load_config
-from flywheel.sft.imitate import SftConfig, encode, messages_of, render_with_spans, run_sft
+from flywheel.sft.imitate import SftConfig, encode, messages_of, render_with_spans, run_sft, segments_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,6 +85,25 @@ def test_messages_of_a_record_replays_the_conversation():
         "user",
     ]
     assert messages_of(record)[-1]["content"] == "error: no action"
+
+
+def test_a_model_written_compaction_cuts_the_conversation_where_the_context_restarted():
+    turns = [
+        {"role": "system", "text": "s"},
+        {"role": "user", "text": "task"},
+        {"role": "assistant", "text": "<run_tests/>"},
+        {"role": "tool", "name": "run_tests", "text": "1 failed"},
+        {"role": "user", "text": "Summarise your work so far."},
+        {"role": "assistant", "text": "Task: t. Next: view a.py.", "summary": True},
+        {"role": "tool", "name": "compaction", "text": "summary", "ok": True},
+        {"role": "user", "text": "Your summary of the work so far: Task: t. Next: view a.py."},
+        {"role": "assistant", "text": '<view path="a.py"/>'},
+    ]
+    first, second = segments_of(Trajectory("t/medium/s0/0", "t", "medium", turns=turns))
+    assert [m["content"] for m in first][-2:] == ["Summarise your work so far.", "Task: t. Next: view a.py."]
+    assert [m["content"] for m in second] == ["s", "task", turns[7]["text"], '<view path="a.py"/>']
+    plain = Trajectory("t/medium/s0/1", "t", "medium", turns=turns[:4])
+    assert segments_of(plain) == [messages_of(plain)]  # no compaction: one segment, as before
 
 
 def test_sft_does_not_learn_the_teachers_malformed_actions():

@@ -68,6 +68,8 @@ class LoopConfig:
     observation_chars: int = 4000  # longest observation kept in an episode's conversation
     action_format: str = "auto"  # the harness's: "tagged", "native", or "auto"
     cohorts: int = 1  # groups of a pool batch's episodes that take turns generating (see run_episodes)
+    compaction: str = "elide"  # the harness's: "summary", "elide" or "none"
+    compact_at: float = 0.8  # the harness's: the share of the context that triggers a summary
     concurrency: int = 0  # episodes an inline batch steps together (0: the whole round)
     temperature: float = 1.0
     top_p: float = 1.0

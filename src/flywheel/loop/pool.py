@@ -55,6 +55,8 @@ class PoolSpec:
     effort_overrides: dict[str, Any] = field(default_factory=dict)
     budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
     observation_chars: int = 4000
+    compaction: str = "elide"
+    compact_at: float = 0.8
     action_format: str = "auto"
     cohorts: int = 1
     max_context: int | None = None
@@ -92,6 +94,7 @@ def run_items(
     cfg = HarnessConfig(
         policy_version=version, temperature=spec.temperature, top_p=spec.top_p,
         observation_chars=spec.observation_chars, action_format=spec.action_format, cohorts=spec.cohorts,
+        compaction=spec.compaction, compact_at=spec.compact_at,
     )  # fmt: skip
 
     def on_record(record: Trajectory) -> None:

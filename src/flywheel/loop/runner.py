@@ -149,8 +149,8 @@ def pool_spec(cfg: LoopConfig, i: int, store: str) -> PoolSpec:
         pool_id=f"pool-{i}", model=cfg.model, store=store, store_options=dict(cfg.store_options),
         temperature=cfg.temperature, top_p=cfg.top_p, effort_overrides=dict(cfg.effort_overrides),
         budgets={k: dict(v) for k, v in cfg.budgets.items()}, observation_chars=cfg.observation_chars,
-        action_format=cfg.action_format, cohorts=cfg.cohorts,
-        max_context=cfg.max_context, torch_threads=cfg.torch_threads, grader=cfg.grader,
+        action_format=cfg.action_format, cohorts=cfg.cohorts, compaction=cfg.compaction,
+        compact_at=cfg.compact_at, max_context=cfg.max_context, torch_threads=cfg.torch_threads, grader=cfg.grader,
         catch_up_wait_s=math.inf if cfg.sync else cfg.catch_up_wait_s,  # older weights would only give stale records
         episodes=cfg.episodes, episodes_options=dict(cfg.episodes_options),
     )  # fmt: skip

@@ -54,6 +54,8 @@ class RolloutConfig:
     concurrency: int = 24  # episodes stepped together (one batched generate call per step)
     cohorts: int = 1  # groups of those that take turns: one generates while another's tools run
     observation_chars: int = 1500  # longest tool output kept in the conversation
+    compaction: str = "elide"  # near the context limit: "summary" (model-written), "elide" or "none"
+    compact_at: float = 0.8  # with "summary": the share of the model's context that triggers it
     max_turns: dict[str, int] = field(default_factory=dict)  # per-effort override of the turn budget
     max_tokens: dict[str, int] = field(default_factory=dict)  # per-effort override of the token budget
 

@@ -46,6 +46,7 @@ import torch
 from flywheel.errors import FlywheelError
 from flywheel.eval.run import budget_overrides
 from flywheel.harness import EFFORTS, HarnessConfig
+from flywheel.harness.agent import COMPACTIONS
 from flywheel.loop import RunDir, WorkItem
 from flywheel.loop import run as run_loop
 from flywheel.loop.config import RUN_FIELDS, LoopConfig, check_config
@@ -226,7 +227,16 @@ def curated(tasks: list, history: list[Trajectory], cfg: RunConfig, step: int) -
 
 
 def harness_config(cfg: RunConfig, version: int) -> HarnessConfig:
+    """The harness every backend runs the run's episodes under (at policy `version`)."""
     r = cfg.rollout
+    if r.compaction not in COMPACTIONS:
+        raise FlywheelError(
+            f"[rollout] compaction must be one of {', '.join(COMPACTIONS)}, got '{r.compaction}'"
+        )
+    if not 0 < r.compact_at <= 1:
+        raise FlywheelError(
+            f"[rollout] compact_at must be a share of the context in (0, 1], got {r.compact_at}"
+        )
     return HarnessConfig(
         action_format="tagged",
         temperature=r.temperature,
@@ -234,6 +244,8 @@ def harness_config(cfg: RunConfig, version: int) -> HarnessConfig:
         observation_chars=r.observation_chars,
         policy_version=version,
         cohorts=r.cohorts,
+        compaction=r.compaction,
+        compact_at=r.compact_at,
     )
 
 
@@ -300,6 +312,8 @@ def loop_config(cfg: RunConfig, spec: str = "") -> LoopConfig:
         observation_chars=h.observation_chars,
         action_format=h.action_format,
         cohorts=h.cohorts,
+        compaction=h.compaction,
+        compact_at=h.compact_at,
         concurrency=r.concurrency,
         temperature=r.temperature,
         top_p=r.top_p,

@@ -203,13 +203,32 @@ def messages_of(record: Trajectory) -> list[dict[str, Any]]:
     """
     out: list[dict[str, Any]] = []
     for t in record.turns:
-        if t["role"] in ("system", "user", "assistant"):
-            out.append({"role": t["role"], "content": t["text"]})
-        elif t["role"] == "tool" and t.get("name") != "compaction":
-            if t.get("name") == "format_error" and out and out[-1]["role"] == "assistant":
-                out[-1]["learn"] = False
-            out.append({"role": "user", "content": t["text"]})
+        _add_turn(out, t)
     return out
+
+
+def segments_of(record: Trajectory) -> list[list[dict[str, Any]]]:
+    """`messages_of`, cut where the model summarised its own context: after a model-written compaction
+    the conversation restarted from the system prompt, the task and the summary, so each segment is what
+    the model saw in one context (the summary turn closes the segment before the cut)."""
+    segments: list[list[dict[str, Any]]] = []
+    out: list[dict[str, Any]] = []
+    for t in record.turns:
+        if t["role"] == "tool" and t.get("name") == "compaction" and t.get("text") == "summary":
+            segments.append(out)
+            out = [dict(m) for m in segments[0][:2]]  # the system prompt and the task
+        else:
+            _add_turn(out, t)
+    return [*segments, out]
+
+
+def _add_turn(out: list[dict[str, Any]], t: dict[str, Any]) -> None:
+    if t["role"] in ("system", "user", "assistant"):
+        out.append({"role": t["role"], "content": t["text"]})
+    elif t["role"] == "tool" and t.get("name") != "compaction":
+        if t.get("name") == "format_error" and out and out[-1]["role"] == "assistant":
+            out[-1]["learn"] = False
+        out.append({"role": "user", "content": t["text"]})
 
 
 def render_with_spans(messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
@@ -443,7 +462,8 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
         _train_top(engine.model, cfg.train.train_layers)
     t0 = time.perf_counter()
     records = collect(cfg)
-    conversations = augmented([messages_of(r) for r in records], records, cfg)
+    pairs = [(segment, r) for r in records for segment in segments_of(r)]
+    conversations = augmented([s for s, _ in pairs], [r for _, r in pairs], cfg)
     texts = [f"{m['role']}\n{m['content']}" for conv in conversations for m in conv]
     work = out.parent / f".{out.name}.building"
     shutil.rmtree(work, ignore_errors=True)
