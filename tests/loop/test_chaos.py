@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-STEPS = 5
+STEPS = 6
 
 
 def config(base: Path, loop: str) -> str:
@@ -76,8 +76,8 @@ def train(cfg: Path, out: Path) -> subprocess.Popen:
 
 def inject_faults(proc: subprocess.Popen, out: Path, weed) -> dict:
     """Kill a pool as it starts a batch after the first update; stop the store after the second publish
-    (it comes back 3 s later); kill the whole run a second into the outage, while it cannot publish the
-    third version (so the run cannot have finished first). Returns when the run is dead."""
+    (the run held with SIGSTOP meanwhile; the store comes back 3 s later); kill the whole run a second
+    into the outage, while it cannot publish (so it cannot have finished first). Returns when it is dead."""
     done: dict = {}
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
@@ -90,7 +90,11 @@ def inject_faults(proc: subprocess.Popen, out: Path, weed) -> dict:
             os.kill(started[0]["pid"], signal.SIGKILL)
             done["pool"] = started[0]
         if "store" not in done and "pool" in done and published >= 2:
+            proc.send_signal(
+                signal.SIGSTOP
+            )  # held still while the store goes down, so it cannot finish first
             weed.stop()
+            proc.send_signal(signal.SIGCONT)
             done["store"] = time.monotonic()
             threading.Timer(3.0, weed.start).start()
         if "trainer" not in done and "store" in done and time.monotonic() > done["store"] + 1:
