@@ -50,7 +50,7 @@ from flywheel.errors import FlywheelError
 from flywheel.loop.checkpoint import Checkpointer
 from flywheel.loop.config import LoopConfig, backend_class, check_config
 from flywheel.loop.dispatch import Dispatcher, WorkItem, round_items, split_fresh
-from flywheel.loop.pool import PoolSpec
+from flywheel.loop.pool import START_WAIT_S, PoolSpec
 from flywheel.protocols import LoopBackend
 from flywheel.record import Trajectory, append_trajectories, read_jsonl, read_trajectories
 from flywheel.tasks.format import Task
@@ -210,6 +210,7 @@ class Driver:
         self.emit("resumed", version=self.version, source=started["source"], skipped=started["skipped"])
         for i in range(self.cfg.pools):
             self.backend.start_pool(pool_spec(self.cfg, i, self.store))
+        self.await_pools()
         step_call = commit_call = None
         used: list[Trajectory] = []
         while self.wants_steps() or step_call is not None or commit_call is not None:
@@ -233,6 +234,14 @@ class Driver:
                 if used:
                     step_call = self.backend.call("step", used)
         return self.summary(started)
+
+    def await_pools(self) -> None:
+        """Wait (up to START_WAIT_S) until every pool serves weights, so the first rounds are spread over
+        the whole fleet rather than run by whichever pool started first."""
+        deadline = time.monotonic() + START_WAIT_S
+        while len(self.ready) < self.cfg.pools and time.monotonic() < deadline:
+            for kind, pool, payload in self.backend.poll(0.05):
+                self.handle(kind, pool, payload)
 
     def wants_steps(self) -> bool:
         return self.version < self.cfg.steps and not self.out_of_time
