@@ -27,6 +27,23 @@ def test_s3_store_basics(weed):
         store.get("a/nope")
 
 
+def test_server_try_again_answers_are_retried_and_missing_keys_are_not():
+    """S3's 500/503 answers, as s3fs raises them, are transient; a missing key or a refusal is not."""
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    from flywheel.sync.store import is_transient
+
+    def answer(code: str) -> BaseException:
+        err = ClientError({"Error": {"Code": code, "Message": "please try again"}}, "GetObject")
+        return translate_boto_error(err)
+
+    for code in ("InternalError", "SlowDown", "ServiceUnavailable"):
+        assert is_transient(answer(code)), code
+    for code in ("NoSuchKey", "AccessDenied"):
+        assert not is_transient(answer(code)), code
+
+
 def test_s3_credentials_from_environment(weed, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)

@@ -45,12 +45,14 @@ class TrainerHost:
         self.trainer = trainer
         self.retries = 0
         retry = Retry(attempts=publish_attempts, base_s=0.2, max_s=5.0)
-        opts = dict(store_options or {})
-        peer_store = open_store(peer, retry=retry, on_retry=self._count_retry, **opts) if peer else None
+        # Reads are as patient as writes: the host reads only when it starts (the peer's checkpoint, the
+        # store's LATEST), and a trainer restarted during a store outage must wait for the store.
+        opts = {"retry": retry, "read_retry": retry, "on_retry": self._count_retry, **(store_options or {})}
+        peer_store = open_store(peer, **opts) if peer else None
         self.ckpt = Checkpointer(Path(checkpoints), peer_store, keep=keep)
         self.publisher = None
         if store:
-            weights = open_store(store, retry=retry, on_retry=self._count_retry, **opts)
+            weights = open_store(store, **opts)
             self.publisher = Publisher(weights, anchor_every=anchor_every)
 
     def _count_retry(self, attempt: int, exc: BaseException) -> None:

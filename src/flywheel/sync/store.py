@@ -11,13 +11,15 @@ builds on top makes a version atomic: the payload is written first under its con
 marker `versions/<v>.json`, then the `LATEST` pointer; readers follow only markers, so they never see a
 half-published version.
 
-Retries. Connection-level failures (refused, reset, timed out, endpoint unreachable) are retried with
-exponential backoff, bounded by `Retry.attempts`; anything else (missing key, permission) raises at
-once. Errors that survive the retries raise `StoreError`.
+Retries. Connection-level failures (refused, reset, timed out, endpoint unreachable) and the server's
+"try again" answers (500 InternalError, 503 SlowDown/ServiceUnavailable, as a server that is still
+starting gives them) are retried with exponential backoff, bounded by `Retry.attempts`; anything else
+(missing key, permission) raises at once. Errors that survive the retries raise `StoreError`.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 import uuid
@@ -50,11 +52,18 @@ class Retry:
 NO_RETRY = Retry(attempts=1)
 
 
+# s3fs turns S3's 500 InternalError into EREMOTEIO and 503 SlowDown/ServiceUnavailable into EBUSY.
+RETRYABLE_ERRNOS = {getattr(errno, "EREMOTEIO", errno.EIO), errno.EBUSY}
+
+
 def is_transient(exc: BaseException) -> bool:
-    """Connection-level failures worth retrying (by type, then by the names botocore/aiohttp use)."""
+    """Failures worth retrying: connection-level ones (by type, then by the names botocore/aiohttp use)
+    and the server's own "try again" answers."""
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
     if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in RETRYABLE_ERRNOS:
         return True
     names = {type(e).__name__ for e in chain_of(exc)}
     markers = ("Connect", "Timeout", "EndpointConnection", "ServerDisconnected", "ClientOSError")
