@@ -1,4 +1,4 @@
-"""`flywheel tasks …`: list, build, validate (verifier QA), synthesise and curate task suites."""
+"""`flywheel tasks …`: list, build, validate (verifier QA), synthesise, curate, import and export suites."""
 
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ from flywheel.errors import FlywheelError
 from flywheel.models import SPECS
 from flywheel.record import Trajectory
 
-app = typer.Typer(help="List, build, validate, synthesise and curate task suites.", no_args_is_help=True)
+app = typer.Typer(
+    help="List, build, validate, synthesise, curate, import and export task suites.", no_args_is_help=True
+)
 
 SUITE = typer.Argument(..., help="A built-in suite (toybugs, humaneval) or a directory of tasks.")
 SPLIT = typer.Option(None, "--split", help="Only tasks of this split (toybugs: train, heldout).")
+FORMAT = typer.Option(..., "--format", help="harbor (task directories) or swebench (instances in JSONL).")
 
 
 @app.command("list")
@@ -228,3 +231,43 @@ def curate(
         f"kept {rep['kept']} of {rep['tasks']} tasks (0 < p <= {p_max}); never solved {h['never_solved']}, "
         f"always solved {h['always_solved']}; wrote {out / 'report.json'} and {out / 'tasks'}"
     )
+
+
+@app.command("import")
+def import_(
+    src: Path = typer.Argument(
+        ...,
+        help="harbor: a task directory or a folder of them; swebench: a JSONL or JSON file of instances "
+        "(or a folder holding instances.jsonl).",
+    ),
+    fmt: str = FORMAT,
+    out: Path = typer.Option(..., "--out", help="Suite directory to write (absent or empty)."),
+    repos: Path = typer.Option(
+        None, "--repos", help="swebench: checkouts as DIR/OWNER__NAME (default: repos/ beside the instances)."
+    ),
+) -> None:
+    """Read another system's tasks into a suite of ours; refuse, naming it, any task we cannot grade."""
+    from flywheel.tasks.interop import import_tasks
+
+    tasks = import_tasks(fmt, src, out, repos=repos)
+    typer.echo(f"imported {len(tasks)} tasks from {src} ({fmt}) into {out}")
+
+
+@app.command("export")
+def export(
+    suite: str = SUITE,
+    fmt: str = FORMAT,
+    out: Path = typer.Option(..., "--out", help="Directory to write (absent or empty)."),
+    split: str = SPLIT,
+    seed: int = typer.Option(0, help="Suite seed."),
+    limit: int = typer.Option(0, "--limit", min=0, help="Export only the first N tasks (0: all)."),
+) -> None:
+    """Write the suite's tasks as Harbor task directories or SWE-bench instances with their repositories."""
+    from flywheel.tasks import load_suite
+    from flywheel.tasks.interop import check_format, export_tasks
+
+    check_format(fmt)
+    tasks = load_suite(suite, split=split, seed=seed)
+    tasks = tasks[:limit] if limit else tasks
+    export_tasks(fmt, tasks, out)
+    typer.echo(f"exported {len(tasks)} tasks of {suite} as {fmt} to {out}")
