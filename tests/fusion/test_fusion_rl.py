@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,6 +44,67 @@ def test_train_replays_only_the_sidekicks_turns_and_charges_the_pairs_cost(base,
         assert key in row
     assert row["delegations"] == pytest.approx(sum(r.fusion["delegations"] for r in records) / 4)
     assert row["cost"] == pytest.approx(row["lead_cost"] + row["sidekick_cost"])
+
+
+# what a record measures (seconds, and the dollars priced from them), and the pool that ran it (a resumed
+# run hands its first round to the first pool again)
+UNSETTLED = {
+    "wall_s", "compute_s", "tool_s", "gen_s", "cost", "lead_cost", "sidekick_cost", "workspace", "pool",
+}  # fmt: skip
+
+
+def settled(line: str) -> Any:
+    """A trajectories.jsonl line without the fields that differ between equal runs (`UNSETTLED`)."""
+
+    def strip(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in UNSETTLED}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+
+    return strip(json.loads(line))
+
+
+def test_a_deterministic_fusion_run_repeats_and_resumes_exactly(base, tmp_path):
+    """Two runs of one deterministic `[fusion]` config agree (step 1 of both), and the one stopped after
+    step 1 (a torn line after it) resumes to the uninterrupted run's metrics, trajectories and weights."""
+
+    def fast(steps: int) -> RunConfig:
+        cfg = fused(base, steps)
+        cfg.rollout.tasks_per_step = 1
+        return cfg
+
+    a, c = tmp_path / "a", tmp_path / "c"
+    train(fast(2), a)
+    train(fast(1), c)
+    lines = {run: (run / "metrics.jsonl").read_text().splitlines() for run in (a, c)}
+    assert lines[c] == lines[a][:1]
+    trainer = "checkpoints/v00000001/trainer"
+    for name in ("model.safetensors", "optimizer.pt"):
+        assert (c / trainer / name).read_bytes() == (a / trainer / name).read_bytes()
+    for name in ("metrics.jsonl", "trajectories.jsonl"):
+        with (c / name).open("a") as f:
+            f.write('{"step": 2, "torn')
+    train(fast(2), c)
+    assert (c / "metrics.jsonl").read_bytes() == (a / "metrics.jsonl").read_bytes()
+    trajectories = {run: (run / "trajectories.jsonl").read_text().splitlines() for run in (a, c)}
+    assert len(trajectories[a]) == 2 * 2
+    assert [settled(x) for x in trajectories[c]] == [settled(x) for x in trajectories[a]]
+    records = read_trajectories(a / "trajectories.jsonl")
+    assert all(r.sidekick and r.fusion["delegations"] for r in records)
+    trainer = "checkpoints/v00000002/trainer"
+    for name in ("model.safetensors", "optimizer.pt"):
+        assert (c / trainer / name).read_bytes() == (a / trainer / name).read_bytes()
+
+
+def test_a_deterministic_fusion_runs_engine_keeps_no_prefix_cache(base):
+    """Delegations reach the engine in the order the concurrent leads delegate, and a prompt served from
+    the prefix cache gets log-probs a few ulps from the same prompt prefilled whole."""
+    from flywheel.rl.train import load_engine
+
+    cfg = fused(base)
+    assert cfg.deterministic and load_engine(cfg).prefix_store is None
+    cfg.deterministic = False
+    assert load_engine(cfg).prefix_store is not None
 
 
 def test_turns_of_a_fusion_attempt_are_its_sidekicks_only():

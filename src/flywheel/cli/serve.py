@@ -1,4 +1,8 @@
-"""`flywheel serve`: any model behind an OpenAI-compatible HTTP API, until Ctrl-C or SIGTERM."""
+"""`flywheel serve`: any model behind an OpenAI-compatible HTTP API, until Ctrl-C or SIGTERM.
+
+`scripted-lead` is served too (`flywheel.fusion.load_model`), so a Fusion lead can be an `openai:` model
+on loopback: like the scripted oracles it reads the task from `Request.meta`, which a client sends with
+`openai:NAME?send_meta=true`."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from flywheel.models import SPECS
 
 
 def serve(
-    model: str = typer.Option(..., "--model", help=f"{SPECS}."),
+    model: str = typer.Option(..., "--model", help=f"{SPECS} (or scripted-lead)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
     max_batch: int = typer.Option(64, "--max-batch", min=1, help="Requests per model call, at most."),
@@ -20,10 +24,10 @@ def serve(
     ),
 ) -> None:
     """Serve MODEL at http://HOST:PORT/v1 (chat completions, models) until interrupted."""
-    from flywheel.models import get_model
+    from flywheel.fusion import load_model
     from flywheel.models.server import ServerConfig, serve_model
 
-    policy = get_model(model)
+    policy = load_model(model)
     config = ServerConfig(batch_window_s=batch_window_ms / 1000, max_batch=max_batch)
     try:
         server, thread = serve_model(policy, host, port, config)

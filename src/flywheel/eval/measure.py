@@ -17,7 +17,7 @@ needs nothing from the training code; `flywheel.rl.calibrate.measuring(cfg)` bui
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -109,23 +109,29 @@ def evaluate_policy(
     samples: int = 1,
     seed: int = 12345,
     runner: Runner = rollout,
+    limits: Mapping[str, int] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Summaries per effort level of `engine` on `tasks` (trajectories in out/<effort>/)."""
+    """Summaries per effort level of `engine` on `tasks` (trajectories in out/<effort>/).
+
+    `limits` caps a level at its first n tasks (the same n tasks for every policy measured). Every level
+    runs in one rollout, so the engine batches episodes of all levels together; the longest levels start
+    first, so that short episodes fill the tail."""
     out = Path(out)
+    limits = limits or {}
+    specs = [
+        spec
+        for level in sorted(efforts, key=lambda lv: -lv.max_turns)
+        for spec in make_specs(tasks[: limits.get(level.name, len(tasks))], [level], samples, seed=seed)
+    ]
+    with progress("evaluate", len(specs)) as advance:
+        records = runner(engine, specs, cfg, concurrency=concurrency, on_record=partial(_tally, advance, []))
     result = {}
     for level in efforts:
-        with progress(f"evaluate {level.name}", len(tasks) * samples) as advance:
-            records = runner(
-                engine,
-                make_specs(tasks, [level], samples, seed=seed),
-                cfg,
-                concurrency=concurrency,
-                on_record=partial(_tally, advance, []),
-            )
+        mine = [r for r in records if r.effort == level.name]
         (out / level.name).mkdir(parents=True, exist_ok=True)
-        write_trajectories(out / level.name / "trajectories.jsonl", records)
-        summary = summarize(records)
-        valid = [cost(r) for r in records if r.infra_failure is None]  # as summarize's means
+        write_trajectories(out / level.name / "trajectories.jsonl", mine)
+        summary = summarize(mine)
+        valid = [cost(r) for r in mine if r.infra_failure is None]  # as summarize's means
         summary["mean_reward_cost"] = statistics.fmean(valid) if valid else 0.0
         result[level.name] = summary
     return result

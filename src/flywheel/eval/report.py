@@ -397,7 +397,8 @@ def calibration_block(name: str, data: dict[str, Any]) -> str:
         "success rate",
         series,
         ylim=(0.0, 1.0),
-        note="Each rung scales the effort level's turn and token budgets (×0.5, ×1, ×2); "
+        note=data.get("note")
+        or "Each rung scales the effort level's turn and token budgets (×0.5, ×1, ×2); "
         "×1 is the level's operating point.",
     )
     rows = []

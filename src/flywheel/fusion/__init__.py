@@ -41,6 +41,7 @@ from typing import Any
 
 from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort, run_episodes
 from flywheel.harness.agent import Episode, ExtraTools
+from flywheel.harness.cost import pricing_for
 from flywheel.harness.effort import Effort
 from flywheel.harness.tools import ToolResult
 from flywheel.models import get_model
@@ -199,16 +200,20 @@ def sidekick_spec(
 
 
 def sidekick_report(record: Trajectory, diff: str, k: int, limit: int = 1200) -> str:
-    """What the lead reads after delegation `k`: the sidekick's ending, its diff, its tests, its last word."""
+    """What the lead reads after delegation `k`: the sidekick's ending, its diff, its tests, its last word.
+
+    Its price is the sidekick's tokens' (no measured seconds), so that a deterministic run's lead reads the
+    same report in every run."""
     ending = f"{record.ending}" + (f" ({record.error})" if record.error else "")
     tests = [t for t in record.turns if t["role"] == "tool" and t.get("name") == "run_tests"]
     last = next((t for t in reversed(record.turns) if t["role"] == "assistant"), None)
     said = (last.get("text") or "") if last else ""
     if last and not said and last.get("tool_calls"):
         said = "; ".join(f"{c['name']} {c.get('arguments') or {}}" for c in last["tool_calls"])
+    price = pricing_for(record.model).cost(record.prompt_tokens, record.completion_tokens, 0.0)
     parts = [
-        f"sidekick report (delegation {k}): it ended with {ending} after {record.n_turns} turns, "
-        f"costing ${record.cost:.6f}.",
+        f"sidekick report (delegation {k}): it ended with {ending} after {record.n_turns} turns; "
+        f"its tokens cost ${price:.6f}.",
         "its changes (a diff against the repository before this delegation):",
         _cut(diff, limit) if diff else "(no changes)",
         f"it ran the tests {len(tests)} time(s)" + ("; the last result:" if tests else "."),

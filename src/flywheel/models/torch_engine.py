@@ -582,13 +582,14 @@ def _error(message: str) -> Completion:
 
 
 def load_torch_model(spec: str, **opts: Any) -> TorchEngine:
-    """A `TorchEngine` for `hf:PATH` (an HF-format directory) or `smollm2-135m`.
+    """A `TorchEngine` for `hf:PATH` (an HF-format directory), `smollm2-135m` or a shipped base.
 
     Options: `dtype` (torch dtype, default float32), `context` (alias of `max_context`), and `TorchEngine`'s `max_context`, `max_batch`,
     `ignore_eos`, `seed`, `name`, `eos_ids` (replaces the tokenizer's and generation config's EOS ids),
     `fast` (False: always the model's own forward, never `fastllama`).
     """
     from flywheel.models.hf import SMOLLM2, load_hf, smollm2_dir
+    from flywheel.models.shipped import BASES, base_dir
 
     dtype = opts.pop("dtype", torch.float32)
     if "context" in opts:
@@ -602,8 +603,10 @@ def load_torch_model(spec: str, **opts: Any) -> TorchEngine:
         path = spec[3:]
     elif spec == SMOLLM2:
         path = smollm2_dir()
+    elif spec in BASES:
+        path = base_dir(spec)
     else:
-        raise FlywheelError(f"unknown torch model '{spec}' (use hf:PATH or {SMOLLM2})")
+        raise FlywheelError(f"unknown torch model '{spec}' (use hf:PATH, {SMOLLM2} or {', '.join(BASES)})")
     model, tokenizer = load_hf(path, dtype=dtype)
     opts.setdefault("name", spec)
     return TorchEngine(model, tokenizer, **opts)

@@ -3,7 +3,8 @@
 `load_config(path, RunConfig)` reads a TOML file into nested dataclasses. Every key must be a known field
 of its section and every value must have the field's type (an int is accepted where a float is asked);
 anything else is refused with one line naming the file, the section and the key, so the CLI can exit 2
-before any work starts. Unset fields keep the defaults written next to them below.
+before any work starts. Unset fields keep the defaults written next to them below. `[reward]`'s length
+budgets are checked as the run config is built (`check_budgets`), since their meaning spans keys.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from typing import Any
 
 from flywheel.errors import FlywheelError
 from flywheel.loop.config import LoopConfig
+from flywheel.rl.objective import QUANTITIES
 
 # ------------------------------------------------------------------------------------------- sections
 
 
 @dataclass
 class ModelConfig:
-    path: str = ""  # `hf:DIR`, `smollm2-135m`, or a directory made by `flywheel sft`
+    path: str = ""  # `hf:DIR`, `smollm2-135m`, `toybugs-sweep` (the shipped base), or a directory made by `flywheel sft`
     max_context: int = 2048  # prompt + generation, in tokens
     prefix_cache_mb: int = 512  # keys and values of earlier turns kept for the next turn's prompt (0: off)
 
@@ -65,12 +67,27 @@ class RewardConfig:
     lambdas: dict[str, float] = field(default_factory=dict)  # λ_e per effort (missing: 0, or calibration)
     calibration: str = ""  # a calibration.json written by `flywheel calibrate`; its λ fill the gaps
     cost_scale: float = 1.0  # C is measured in dollars × cost_scale (calibration uses the same unit)
-    length_penalty: float = 0.0  # reward lost per turn over the effort's length_budget, in penalised phases
+    length_penalty: float = 0.0  # reward lost per turn over the effort's turn budget, in penalised phases
     length_budget: dict[str, int] = field(default_factory=dict)  # turns per effort (missing: never penalised)
+    # per effort, a budget per quantity (turns, tokens, seconds), e.g. { medium = { turns = 3, tokens = 800 } }
+    length_budgets: dict[str, dict[str, float]] = field(default_factory=dict)
+    length_prices: dict[str, float] = field(default_factory=dict)  # reward lost per unit over, per quantity
     length_phase: int = (
         1  # steps per phase: success-only and penalised phases alternate (0: penalise every step)
     )
     length_scope: str = "all"  # "solved": only in (task, effort) groups where some attempt succeeded
+
+    def budgets(self) -> dict[str, dict[str, float]]:
+        """Each effort's budget per quantity: `length_budgets` with `length_budget`'s turns added."""
+        out = {e: dict(b) for e, b in self.length_budgets.items()}
+        for e, turns in self.length_budget.items():
+            out.setdefault(e, {})["turns"] = float(turns)
+        return {e: b for e, b in out.items() if b}
+
+    def prices(self) -> dict[str, float]:
+        """Reward lost per unit over budget, per quantity: `length_prices`, turns at `length_penalty` unless
+        `length_prices` names them."""
+        return {"turns": self.length_penalty, **self.length_prices}
 
 
 @dataclass
@@ -133,6 +150,49 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)  # backend "inline" (default), "local" or "ray"
     fusion: FusionSection | None = None  # set: the model is trained as a lead's sidekick
+
+    def __post_init__(self) -> None:
+        check_budgets(self)
+
+
+def check_budgets(cfg: RunConfig) -> None:
+    """Refuse `[reward] length_budgets` and `length_prices` that cannot mean what they say, naming the key:
+    an unknown effort or quantity, a negative number, a budgeted quantity without a price, a turn budget or
+    price given twice (also as `length_budget` or `length_penalty`), or measured seconds in a deterministic
+    run (its metrics would not repeat)."""
+    r, where = cfg.reward, "[reward] length_budgets"
+    for q, price in r.length_prices.items():
+        _check_quantity(q, f"[reward] length_prices.{q}")
+        if price < 0:
+            raise FlywheelError(f"[reward] length_prices.{q} must be >= 0")
+    if "turns" in r.length_prices and r.length_penalty:
+        raise FlywheelError("[reward] length_prices.turns: the turn price is already length_penalty; set one")
+    for e, budget in r.length_budgets.items():
+        if e not in cfg.rollout.efforts:
+            raise FlywheelError(f"{where}: effort '{e}' is not in [rollout] efforts")
+        for q, b in budget.items():
+            _check_budget(cfg, e, q, b)
+
+
+def _check_budget(cfg: RunConfig, effort: str, quantity: str, budget: float) -> None:
+    r, key = cfg.reward, f"[reward] length_budgets.{effort}.{quantity}"
+    _check_quantity(quantity, key)
+    if budget < 0:
+        raise FlywheelError(f"{key} must be >= 0")
+    if quantity == "turns" and effort in r.length_budget:
+        raise FlywheelError(f"{key}: {effort}'s turn budget is already length_budget.{effort}; set one")
+    if quantity not in r.length_prices and not (quantity == "turns" and r.length_penalty):
+        also = " (or length_penalty)" if quantity == "turns" else ""
+        raise FlywheelError(f"{key} has no price: set [reward] length_prices.{quantity}{also}")
+    if quantity == "seconds" and cfg.deterministic:
+        raise FlywheelError(
+            f"{key}: a deterministic run cannot budget measured seconds (budget turns or tokens)"
+        )
+
+
+def _check_quantity(quantity: str, key: str) -> None:
+    if quantity not in QUANTITIES:
+        raise FlywheelError(f"{key}: unknown quantity '{quantity}' (known: {', '.join(QUANTITIES)})")
 
 
 # -------------------------------------------------------------------------------------------- loading

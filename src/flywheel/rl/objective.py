@@ -11,10 +11,13 @@ decides cheating, and a cheat is never a success there (`flywheel.verify.grader`
 tests passed. This is the one place the reward is computed; the trainer's score (`flywheel.rl.trainer`)
 calls it and the loop stores it once, in the record's `rl`.
 
-An alternating length penalty (SWE-1.7's, off by default) subtracts ``μ · max(0, turns - B_e)`` in
-penalised phases: ``μ`` per turn over effort e's turn budget ``B_e``. Phases of ``K`` steps alternate,
-success only first, then penalised (``length_penalty_on``), so attempts that can finish within the budget
-learn to, while in the success-only phases whatever solves the task is rewarded however long it runs.
+An alternating length penalty (SWE-1.7's, off by default) subtracts ``Σ_q μ_q · max(0, u_q - B_e,q)``
+in penalised phases (`budget_penalty`): for each quantity ``q`` that effort e's budget names (`QUANTITIES`:
+model turns, generated tokens, compute seconds), ``μ_q`` per unit the attempt used over it. The original
+form is the one-quantity case, ``μ · max(0, turns - B_e)`` (`over_budget`). Phases of ``K`` steps
+alternate, success only first, then penalised (``length_penalty_on``), so attempts that can finish within
+the budget learn to, while in the success-only phases whatever solves the task is rewarded however long
+it runs.
 
 Baseline and advantages
 -----------------------
@@ -91,9 +94,41 @@ def length_penalty_on(step: int, phase: int) -> bool:
     return phase == 0 or (step - 1) // phase % 2 == 1
 
 
+# what a length budget may name: model calls, generated tokens, compute seconds (`flywheel.rl.trainer.usage`)
+QUANTITIES = ("turns", "tokens", "seconds")
+
+
+def as_budget(budget: float | Mapping[str, float] | None) -> dict[str, float]:
+    """One effort's budget per quantity: a plain number is a turn budget (the original form), None none."""
+    if budget is None:
+        return {}
+    if isinstance(budget, Mapping):
+        return {q: float(b) for q, b in budget.items()}
+    return {"turns": float(budget)}
+
+
+def as_prices(price: float | Mapping[str, float]) -> dict[str, float]:
+    """Reward lost per unit over budget, per quantity: a plain number prices turns (the original form)."""
+    return {q: float(p) for q, p in price.items()} if isinstance(price, Mapping) else {"turns": float(price)}
+
+
+def overruns(usage: Mapping[str, float], budget: Mapping[str, float]) -> dict[str, float]:
+    """``max(0, used - budget)`` for each quantity `budget` names (`usage` must hold each of them)."""
+    return {q: max(0.0, float(usage[q]) - b) for q, b in budget.items()}
+
+
+def budget_penalty(
+    usage: Mapping[str, float], budget: Mapping[str, float], prices: Mapping[str, float]
+) -> float:
+    """The length penalty ``Σ_q price_q · max(0, used_q - budget_q)`` over the quantities `budget` names; a
+    quantity without a price costs nothing. Example: 5 turns and 1000 tokens against ``{turns: 3, tokens:
+    800}`` at ``{turns: 0.1, tokens: 0.0005}`` lose ``0.1·2 + 0.0005·200 = 0.3``."""
+    return sum((prices.get(q, 0.0) * over for q, over in overruns(usage, budget).items()), 0.0)
+
+
 def over_budget(turns: int, budget: int | None, price: float) -> float:
-    """The length penalty ``price · max(0, turns - budget)``; no budget, no penalty."""
-    return price * max(0, turns - budget) if budget is not None else 0.0
+    """The turn-only length penalty ``price · max(0, turns - budget)``; no budget, no penalty."""
+    return budget_penalty({"turns": turns}, as_budget(budget), {"turns": price})
 
 
 # --------------------------------------------------------------------------------- baselines, advantages

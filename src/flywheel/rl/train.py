@@ -21,7 +21,9 @@ The run directory (`flywheel.loop.RunDir`):
 Determinism (`deterministic = true`): task sampling and every sampling seed derive from (seed, step); the
 reward prices modelled seconds instead of measured ones (`flywheel.rl.rollout`); torch runs deterministic
 algorithms. Two runs of one config then write the same metrics.jsonl and checkpoint files, byte for byte,
-on the same machine and thread count.
+on the same machine and thread count. A deterministic Fusion run's engine keeps no prefix cache: its
+delegations run one at a time in the order the concurrent leads reach them, and a prompt prefilled whole or
+from an earlier delegation's cached keys gives log-probs that differ in the last bits.
 
 Fusion (`[fusion] lead = SPEC`): every attempt is a frozen lead's, delegating to the run's model as its
 sidekick (`flywheel.fusion.sidekick_rollout`, run by every backend's pools); the trainer trains only the
@@ -65,11 +67,15 @@ LOOP_DEFAULTS = LoopConfig()
 
 
 def model_spec(path: str) -> str:
-    """`hf:DIR` for a plain directory; other specs unchanged."""
+    """`hf:DIR` for a plain directory or a shipped base (`toybugs-sweep`); other specs unchanged."""
+    from flywheel.models.shipped import BASES, base_dir
+
     if not path:
         raise FlywheelError(
-            "[model] path is missing: give hf:DIR, smollm2-135m or a directory from `flywheel sft`"
+            "[model] path is missing: give hf:DIR, smollm2-135m, toybugs-sweep or a directory from `flywheel sft`"
         )
+    if path in BASES:
+        return f"hf:{base_dir(path)}"
     if path.startswith("hf:") or path == "smollm2-135m":
         return path
     if not Path(path).is_dir():
@@ -78,14 +84,15 @@ def model_spec(path: str) -> str:
 
 
 def load_engine(cfg: RunConfig, spec: str = ""):
-    """The run's torch engine on `spec` (default: the run's base model) with the `[model]` settings."""
+    """The run's torch engine on `spec` (default: the run's base model) with the `[model]` settings (no
+    prefix cache for a deterministic Fusion run: see the module docstring)."""
     from flywheel.models.torch_engine import load_torch_model
 
     return load_torch_model(
         spec or model_spec(cfg.model.path),
         max_context=cfg.model.max_context,
         seed=cfg.seed,
-        prefix_cache_mb=cfg.model.prefix_cache_mb,
+        prefix_cache_mb=0 if cfg.fusion and cfg.deterministic else cfg.model.prefix_cache_mb,
     )
 
 

@@ -36,7 +36,7 @@ import shutil
 import statistics
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -48,10 +48,14 @@ from flywheel.models.hf import train_top_layers
 from flywheel.record import Trajectory
 from flywheel.rl.config import RunConfig
 from flywheel.rl.objective import (
+    QUANTITIES,
     advantages_flat,
+    as_budget,
+    as_prices,
+    budget_penalty,
     kept_mask,
     length_penalty_on,
-    over_budget,
+    overruns,
     policy_loss,
     replay_entropy,
     replay_log_probs,
@@ -101,31 +105,42 @@ def token_batches(turns: Sequence[dict[str, Any]], max_tokens: int) -> list[list
     return batches
 
 
+def usage(record: Trajectory) -> dict[str, float]:
+    """What an attempt used of each quantity a length budget may name (`objective.QUANTITIES`): its model
+    calls (`n_turns`), generated tokens (`completion_tokens`) and its own compute seconds (`compute_s`: tool
+    calls plus its share of the batched generation; not `wall_s`, which counts waiting on the batch's other
+    episodes). A Fusion attempt's are its lead's record's."""
+    return {"turns": record.n_turns, "tokens": record.completion_tokens, "seconds": record.compute_s}
+
+
 def score(
     records: Sequence[Trajectory],
     lambdas: dict[str, float],
     baseline: str,
     deterministic: bool,
-    length_price: float = 0.0,
-    length_budget: dict[str, int] | None = None,
+    length_price: float | Mapping[str, float] = 0.0,
+    length_budget: Mapping[str, float | Mapping[str, float]] | None = None,
     length_scope: str = "all",
 ) -> list[dict[str, float]]:
-    """Per record: cost, λ, reward and advantage (pure; the records are not changed). `length_price` per
-    turn over the effort's `length_budget` comes off the reward (the alternating length penalty); with
-    `length_scope="solved"` only in (task, effort) groups where some attempt solved the task (a success
-    is honest: the grader never lets a cheat succeed). A record the infrastructure ended
-    (`infra_failure`) is masked: advantage 0, and left out of its group's baseline and of `solved`; a
-    group with fewer than two valid records trains nothing. A Fusion attempt's cost is the pair's, and its
-    score adds each side's (`lead_cost`, `sidekick_cost`); its tokens are its sidekick's."""
+    """Per record: cost, λ, reward and advantage (pure; the records are not changed). The alternating
+    length penalty comes off the reward: `length_budget` per effort is a turn count or a budget per
+    quantity (`{"turns": 3, "tokens": 800, "seconds": 20}`), `length_price` a price per turn or per
+    quantity, and each unit of a quantity `usage` went over its budget costs its price
+    (`objective.budget_penalty`); with `length_scope="solved"` only in (task, effort) groups where some
+    attempt solved the task (a success is honest: the grader never lets a cheat succeed). A record the
+    infrastructure ended (`infra_failure`) is masked: advantage 0, and left out of its group's baseline
+    and of `solved`; a group with fewer than two valid records trains nothing. A Fusion attempt's cost is
+    the pair's, and its score adds each side's (`lead_cost`, `sidekick_cost`); its tokens are its
+    sidekick's."""
     parts = [cost_parts(r, deterministic) for r in records]
     costs = [lead + side for lead, side in parts]
     lams = [float(lambdas.get(r.effort, 0.0)) for r in records]
     keys = [(r.task_id, r.effort) for r in records]
     valid = [r.infra_failure is None for r in records]
     solved_groups = {k for k, r, v in zip(keys, records, valid, strict=True) if r.success and v}
-    budget = length_budget or {}
+    budget, prices = length_budget or {}, as_prices(length_price)
     over = [
-        over_budget(r.n_turns, budget.get(r.effort), length_price)
+        budget_penalty(usage(r), as_budget(budget.get(r.effort)), prices)
         if length_scope == "all" or k in solved_groups
         else 0.0
         for r, k in zip(records, keys, strict=True)
@@ -165,24 +180,27 @@ class Trainer:
     def scores(self, records: Sequence[Trajectory], step: int) -> list[dict[str, float]]:
         """`score` of the records of RL step `step` (1-based; it sets the length-penalty phase)."""
         cfg, r = self.cfg, self.cfg.reward
-        price = r.length_penalty if length_penalty_on(step, r.length_phase) else 0.0
+        prices = r.prices() if length_penalty_on(step, r.length_phase) else {}
         return score(
             records,
             self.lambdas,
             cfg.objective.baseline,
             cfg.deterministic,
-            price,
-            r.length_budget,
+            prices,
+            r.budgets(),
             r.length_scope,
         )
 
     def step(self, records: Sequence[Trajectory]) -> tuple[dict[str, float], list[dict[str, float]]]:
         """One RL step from graded records (step `version + 1`, which sets the length-penalty phase), on
-        `[train] update_threads` threads; increments `version`; returns the step's metrics and each
-        record's score (`score`)."""
+        `[train] update_threads` threads; increments `version`; returns the step's metrics (`_update`'s and
+        `budget_metrics`) and each record's score (`score`)."""
+        step, r = self.version + 1, self.cfg.reward
         with torch_threads(self.cfg.train.update_threads):
-            scores = self.scores(records, self.version + 1)
-            return self._update(records, scores), scores
+            scores = self.scores(records, step)
+            metrics = self._update(records, scores)
+        penalised = length_penalty_on(step, r.length_phase)
+        return {**metrics, **budget_metrics(records, r.budgets(), penalised)}, scores
 
     def _update(self, records: Sequence[Trajectory], scores: list[dict[str, float]]) -> dict[str, float]:
         cfg = self.cfg
@@ -345,6 +363,34 @@ def outcome_metrics(records: Sequence[Trajectory], scores: Sequence[dict[str, fl
         mine = [(r, s) for r, s in pairs if r.effort == effort]
         out.update(_means([r for r, _ in mine], [s for _, s in mine], f"{effort}/"))
     return {**out, **infra_counts(records)}
+
+
+def budget_metrics(
+    records: Sequence[Trajectory], budgets: Mapping[str, Mapping[str, float]], penalised: bool
+) -> dict[str, float]:
+    """With length budgets set: `length_penalised` (1 in a penalised phase, 0 in a success-only one) and, for
+    each budgeted quantity q, `over_q`: the share of the step's attempts at the efforts that budget q that
+    used more of it, overall and per effort level (`medium/over_tokens`). Measured in both phases and
+    whatever `length_scope`, over the attempts the policy ended (as `outcome_metrics`'s means); a quantity
+    no such attempt budgets has no rate. No budgets: no keys."""
+    if not budgets:
+        return {}
+    valid = [r for r in records if r.infra_failure is None]
+    out = {"length_penalised": float(penalised), **_overrun_rates(valid, budgets, "")}
+    for e in sorted(budgets):
+        out.update(_overrun_rates([r for r in valid if r.effort == e], budgets, f"{e}/"))
+    return out
+
+
+def _overrun_rates(
+    records: Sequence[Trajectory], budgets: Mapping[str, Mapping[str, float]], prefix: str
+) -> dict[str, float]:
+    over = [overruns(usage(r), budgets.get(r.effort, {})) for r in records]
+    return {
+        f"{prefix}over_{q}": statistics.fmean(o[q] > 0 for o in over if q in o)
+        for q in QUANTITIES
+        if any(q in o for o in over)
+    }
 
 
 def infra_counts(records: Sequence[Trajectory]) -> dict[str, float]:
