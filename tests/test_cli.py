@@ -83,3 +83,13 @@ def test_validate_and_eval_a_task_directory(clamp_task, tmp_path):
         ),
         "unknown effort",
     )
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(clamp_task):
+    """`flywheel tasks list DIR | head -0`: the pipe is closed before the command writes; it ends quietly."""
+    argv = [sys.executable, "-m", "flywheel", "tasks", "list", str(clamp_task.root.parent)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # long before the interpreter has started and imported the CLI
+    err = proc.stderr.read()
+    proc.wait(timeout=60)
+    assert "Traceback" not in err, err

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     except click_exceptions.UsageError as e:
         hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
         fail(f"{e.format_message()}{hint}")
-    except click_exceptions.Abort:
+    except typer.Abort:
         typer.echo("aborted", err=True)
         raise SystemExit(130) from None
     except click_exceptions.ClickException as e:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 def eval_(
     suite: str = typer.Option(
-        ..., "--suite", help="A built-in suite (toybugs, humaneval) or a task directory."
+        ..., "--suite", help="A built-in suite (toybugs, toybugs-long, humaneval) or a task directory."
     ),
     model: str = typer.Option(None, "--model", help=f"{SPECS} (or scripted-lead)."),
     lead: str = typer.Option(

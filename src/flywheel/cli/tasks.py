@@ -17,7 +17,9 @@ app = typer.Typer(
     help="List, build, validate, synthesise, curate, import and export task suites.", no_args_is_help=True
 )
 
-SUITE = typer.Argument(..., help="A built-in suite (toybugs, humaneval) or a directory of tasks.")
+SUITE = typer.Argument(
+    ..., help="A built-in suite (toybugs, toybugs-long, humaneval) or a directory of tasks."
+)
 SPLIT = typer.Option(None, "--split", help="Only tasks of this split (toybugs: train, heldout).")
 FORMAT = typer.Option(..., "--format", help="harbor (task directories) or swebench (instances in JSONL).")
 

@@ -1,8 +1,9 @@
 """Repository tasks: the directory format, built-in suites, and suite resolution.
 
-A suite is either a built-in name (`toybugs`, `humaneval`) or a directory of task directories. Built-in
-suites are generated deterministically and materialised once under the cache directory
-(`$FLYWHEEL_CACHE`, else `$XDG_CACHE_HOME/flywheel`, else `~/.cache/flywheel`); later calls reuse them.
+A suite is either a built-in name (`toybugs`, `toybugs-long`, `humaneval`) or a directory of task
+directories. Built-in suites are generated deterministically and materialised once under the cache
+directory (`$FLYWHEEL_CACHE`, else `$XDG_CACHE_HOME/flywheel`, else `~/.cache/flywheel`); later calls
+reuse them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = ["Task", "load_task", "task_toml", "write_task", "load_suite", "builti
 # Built-in suites by name -> module exposing VERSION: str and build(out: Path, seed: int) -> None.
 _BUILTIN = {
     "toybugs": "flywheel.tasks.toy",
+    "toybugs-long": "flywheel.tasks.toy.long",
     "humaneval": "flywheel.tasks.humaneval",
 }
 DEFAULT_SEED = 0
