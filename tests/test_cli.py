@@ -33,6 +33,8 @@ def test_help_lists_the_commands():
         (["eval", "--suite", "nosuchsuite", "--model", "scripted", "--out", "x"], "unknown suite"),
         (["tasks", "list"], "Missing argument"),
         (["frobnicate"], "No such command"),
+        (["eval", "--suite", "x", "--model", "scripted", "--compaction", "no", "--out", "x"], "compaction"),
+        (["eval", "--suite", "x", "--model", "scripted", "--compact-at", "0", "--out", "x"], "compact_at"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, fragment, tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,6 +68,15 @@ def eval_(
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Top-p (nucleus) sampling."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampler and of noisy oracles."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run directory's results."),
+    compaction: str = typer.Option(
+        "elide",
+        "--compaction",
+        help="Near or past the context limit: summary (the model summarises its state and restarts from "
+        "it), elide (older observations shortened) or none.",
+    ),
+    compact_at: float = typer.Option(
+        0.8, "--compact-at", help="Share of the model's context at which a summary is asked for, in (0, 1]."
+    ),
     compare: bool = typer.Option(
         False,
         "--compare",
@@ -79,19 +89,21 @@ def eval_(
     from flywheel.eval.compare import compare_rows, compare_table
     from flywheel.eval.run import rollout
     from flywheel.fusion import Fusion, FusionConfig
-    from flywheel.harness import get_effort
+    from flywheel.harness import HarnessConfig, get_effort
     from flywheel.tasks import load_suite
 
     if bool(lead) != bool(sidekick) or bool(model) == bool(lead):
         raise FlywheelError("give --model, or --lead and --sidekick (Fusion)")
     if compare and not lead:
         raise FlywheelError("--compare needs --lead and --sidekick")
-    get_effort(effort)  # a bad effort fails before anything loads
+    get_effort(effort)  # a bad effort or compaction fails before anything loads
+    HarnessConfig(compaction=compaction, compact_at=compact_at)
     if sidekick_effort:
         get_effort(sidekick_effort)
     tasks = load_suite(suite, split=split)
     tasks = tasks[:limit] if limit else tasks
     policy, cfg = _policy(lead or model, base_url, seed, temperature, top_p, cohorts, action_format)
+    cfg = replace(cfg, compaction=compaction, compact_at=compact_at)
     run = partial(_run, tasks, effort=effort, seed=seed, concurrency=concurrency, overwrite=overwrite)
     if not sidekick:
         typer.echo(json.dumps(run(policy, cfg, out, rollout), indent=1))
@@ -177,11 +189,13 @@ def _policy(
         raise FlywheelError(f"bad --action-format {action_format!r}: use {', '.join(ACTION_FORMATS)}")
     opts = {"base_url": base_url} if spec.startswith("openai:") else {}
     policy = load_model(spec, seed=seed, **opts) if spec.startswith("scripted") else load_model(spec, **opts)
+    from flywheel.models.shipped import BASES, base_dir
+
     learned = {}
-    if spec.startswith("hf:"):  # a `flywheel sft` base is evaluated under the harness settings it learned
+    if spec.startswith("hf:") or spec in BASES:  # a `flywheel sft` base runs under the harness it learned
         from flywheel.sft import trained_harness
 
-        learned = trained_harness(spec)
+        learned = trained_harness(f"hf:{base_dir(spec)}" if spec in BASES else spec)
     if action_format != "auto":
         learned["action_format"] = action_format
     return policy, HarnessConfig(temperature=temperature, top_p=top_p, cohorts=cohorts, **learned)
