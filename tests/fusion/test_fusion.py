@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -103,6 +104,30 @@ def test_a_sidekick_that_fixes_nothing_is_corrected_once_then_the_lead_takes_ove
     assert "(no changes)" in next(t["text"] for t in record.turns if t.get("name") == "delegate")
     assert "look again" in record.sidekick[1].turns[1]["text"] and sidekick.calls == 2
     assert [s.id.rsplit("/", 1)[1] for s in record.sidekick] == ["sidekick1", "sidekick2"]
+
+
+class Batches(FakeModel):
+    """Submits at once; keeps the size of each batch it was asked for and the threads that asked."""
+
+    def __init__(self):
+        super().__init__(submits)
+        self.sizes, self.threads = [], set()
+
+    def generate(self, requests):
+        self.sizes.append(len(requests))
+        self.threads.add(threading.get_ident())
+        return super().generate(requests)
+
+
+def test_concurrent_lead_episodes_delegate_in_one_batch_from_one_thread(clamp_task):
+    sidekick = Batches()
+    fusion = Fusion(sidekick, HarnessConfig(), FusionConfig(gather_s=2.0))
+    specs = [EpisodeSpec(clamp_task, get_effort("medium"), seed=s) for s in range(4)]
+    records = fusion.rollout(ScriptedLead(), specs, HarnessConfig(), concurrency=4)
+    assert all(r.success and r.fusion["delegations"] == 2 for r in records)  # corrected once, then took over
+    assert sidekick.sizes == [4, 4] and len(sidekick.threads) == 1
+    assert [len(r.sidekick) for r in records] == [2, 2, 2, 2]
+    assert all(s.id.startswith(r.id) for r in records for s in r.sidekick)
 
 
 @pytest.mark.parametrize(

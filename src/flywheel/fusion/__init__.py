@@ -18,8 +18,13 @@ lead's tool time). The record is the lead's (`flywheel.record.Trajectory`) with 
 sides', `fusion` splitting it (`lead_cost`, `sidekick_cost`, `delegations`, `take_overs`), and the
 sidekick's episodes nested whole in `sidekick`, so that either side can be trained on later.
 
-What is not covered: delegations run one at a time (a lock), whatever the lead's concurrency; each
-delegation starts the sidekick from a fresh conversation (it knows earlier delegations only through the
+Delegations of concurrent lead episodes run together: the sidekick's model is used by one thread
+(`SidekickBatches`), which gathers the delegations that are waiting and runs their episodes as one batch
+under the harness (batched generation, concurrent tools), so a pair evaluated 64 at a time asks its
+sidekick for up to 64 episodes at once rather than one after another. A delegation made while a batch runs
+waits for the next one.
+
+What is not covered: each delegation starts the sidekick from a fresh conversation (it knows earlier delegations only through the
 workspace and the lead's words); a take-over is counted when the lead's own `edit` succeeds after a
 delegation (a `shell` command that edits files is not counted).
 
@@ -33,7 +38,10 @@ the pair as they run a single policy. The trainer then replays only the nested s
 from __future__ import annotations
 
 import functools
+import queue
 import threading
+import time
+from concurrent.futures import Future
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -67,6 +75,7 @@ class FusionConfig:
     sidekick_effort: str | None = None  # the sidekick's effort level; None: the lead's episode's
     max_delegations: int = 4  # per attempt; past them `delegate` is refused
     report_chars: int = 1200  # of the diff, the last test output and the last message each, in a report
+    gather_s: float = 0.05  # a batch of sidekick episodes waits this long after its first delegation
     # the sidekick's level, budgets included, by the lead's episode id (over `sidekick_effort`)
     sidekick_levels: dict[str, Effort] = field(default_factory=dict)
 
@@ -86,7 +95,7 @@ class Fusion:
     ):
         self.sidekick, self.sidekick_cfg = sidekick, sidekick_cfg or HarnessConfig()
         self.config = config or FusionConfig()
-        self._lock = threading.Lock()  # one delegation at a time
+        self._lock = threading.Lock()  # over the two maps below; lead episodes delegate from many threads
         self._episodes: dict[str, list[Trajectory]] = {}  # lead episode id -> its sidekick's episodes
         self._owners: dict[Path, str] = {}  # lead workspace -> lead episode id, for the grader
 
@@ -104,12 +113,13 @@ class Fusion:
         """Run and grade every lead episode with its delegations; records sorted by episode id."""
         sandbox = sandbox or get_sandbox()
         grader = grader or default_grader(sandbox)
+        batches = SidekickBatches(functools.partial(self._run_sidekicks, sandbox), self.config.gather_s)
         extra = ExtraTools(
             names=("delegate",),
             schema=(DELEGATE,),
             help=LEAD_HELP,
             stop=(DELEGATE_STOP,),
-            run=functools.partial(self._delegate, sandbox),
+            run=functools.partial(self._delegate, batches),
         )
 
         def grade(task: Task, workspace: Path, trajectory: dict[str, Any]) -> Verdict:
@@ -126,58 +136,113 @@ class Fusion:
             if on_record:
                 on_record(record)
 
-        records = run_episodes(
-            specs,
-            lead,
-            cfg=cfg,
-            sandbox=sandbox,
-            grader=grade,
-            concurrency=concurrency,
-            on_record=done,
-            extra_tools=extra,
-        )
+        try:
+            records = run_episodes(
+                specs,
+                lead,
+                cfg=cfg,
+                sandbox=sandbox,
+                grader=grade,
+                concurrency=concurrency,
+                on_record=done,
+                extra_tools=extra,
+            )
+        finally:
+            batches.close()
         return sorted(records, key=lambda r: r.id)
 
-    def _delegate(self, sandbox: Sandbox, ep: Episode, action: Action) -> ToolResult:
+    def _delegate(self, batches: SidekickBatches, ep: Episode, action: Action) -> ToolResult:
         """Run one sidekick episode in `ep`'s workspace; its report is the lead's observation."""
+        ws = ep.tools.workspace
         with self._lock:
-            ws = ep.tools.workspace
             self._owners[ws] = ep.spec.id
             done = self._episodes.setdefault(ep.spec.id, [])
-            k = len(done) + 1
-            if k > self.config.max_delegations:
-                return ToolResult(
-                    f"error: no delegations left ({self.config.max_delegations} per attempt)", ok=False
-                )
-            effort = self.config.sidekick_levels.get(ep.spec.id) or self.config.sidekick_effort
-            spec = sidekick_spec(ep.spec, action.args["instruction"], k, ws, effort)
-            before = _tree(ws)
-            record = self._run_sidekick(spec, sandbox)
-            after = _tree(ws)
+        k = len(done) + 1  # one lead episode delegates one turn at a time
+        if k > self.config.max_delegations:
+            return ToolResult(f"error: no delegations left ({self.config.max_delegations} per attempt)", ok=False)
+        effort = self.config.sidekick_levels.get(ep.spec.id) or self.config.sidekick_effort
+        spec = sidekick_spec(ep.spec, action.args["instruction"], k, ws, effort)
+        before = _tree(ws)
+        record = batches.run(spec)
+        after = _tree(ws)
+        with self._lock:
             done.append(record)
         diff = make_patch(before, after)
         return ToolResult(sidekick_report(record, diff, k, self.config.report_chars), edited=before != after)
 
-    def _run_sidekick(self, spec: EpisodeSpec, sandbox: Sandbox) -> Trajectory:
-        """The sidekick's record; a sidekick whose model raised (a backend that broke the `Model` contract)
-        is recorded as a `model_error`, not raised."""
+    def _run_sidekicks(self, sandbox: Sandbox, specs: list[EpisodeSpec]) -> list[Trajectory]:
+        """The sidekick's records for `specs`, in their order, run as one batch; when the model raised (a
+        backend that broke the `Model` contract) each is a `model_error` record, nothing is raised."""
         try:
-            [record] = run_episodes(
-                [spec], self.sidekick, cfg=self.sidekick_cfg, sandbox=sandbox, concurrency=1
+            records = run_episodes(
+                specs, self.sidekick, cfg=self.sidekick_cfg, sandbox=sandbox, concurrency=len(specs)
             )
         except Exception as e:  # the lead's tool result, never its crash
-            return Trajectory(
-                id=spec.id,
-                task_id=spec.task.id,
-                effort=spec.effort.name,
-                seed=spec.seed,
-                index=spec.index,
-                model=self.sidekick.name,
-                ending="model_error",
-                error=f"the sidekick crashed: {e!r}"[:500],
-                infra_failure="model_server",
-            )
-        return record
+            return [crashed(spec, self.sidekick.name, e) for spec in specs]
+        by_id = {r.id: r for r in records}
+        return [by_id[s.id] for s in specs]
+
+
+class SidekickBatches:
+    """One thread that owns the sidekick's model: it takes the delegations waiting (those that arrive within
+    `gather_s` of the first), runs them together with `run_batch`, hands each caller its record, and
+    repeats. `run` blocks its caller (a lead episode's tool thread) until its episode has ended."""
+
+    def __init__(self, run_batch: Callable[[list[EpisodeSpec]], list[Trajectory]], gather_s: float = 0.05):
+        self._run_batch, self.gather_s = run_batch, gather_s
+        self._queue: queue.Queue[tuple[EpisodeSpec, Future] | None] = queue.Queue()
+        self.sizes: list[int] = []  # each batch's size, in order
+        self._thread = threading.Thread(target=self._serve, name="fusion-sidekick", daemon=True)
+        self._thread.start()
+
+    def run(self, spec: EpisodeSpec) -> Trajectory:
+        future: Future[Trajectory] = Future()
+        self._queue.put((spec, future))
+        return future.result()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _serve(self) -> None:
+        while (first := self._queue.get()) is not None:
+            batch, closing = [first], False
+            deadline = time.monotonic() + self.gather_s
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    item = self._queue.get(timeout=left)
+                except queue.Empty:
+                    break
+                if item is None:
+                    closing = True
+                    break
+                batch.append(item)
+            self.sizes.append(len(batch))
+            try:
+                records = self._run_batch([spec for spec, _ in batch])
+            except BaseException as e:  # never leave a lead episode waiting: its tool call raises instead
+                for _, future in batch:
+                    future.set_exception(e)
+            else:
+                for (_, future), record in zip(batch, records, strict=True):
+                    future.set_result(record)
+            if closing:
+                return
+
+
+def crashed(spec: EpisodeSpec, model: str, error: Exception) -> Trajectory:
+    """The record of a sidekick episode whose model raised."""
+    return Trajectory(
+        id=spec.id,
+        task_id=spec.task.id,
+        effort=spec.effort.name,
+        seed=spec.seed,
+        index=spec.index,
+        model=model,
+        ending="model_error",
+        error=f"the sidekick crashed: {error!r}"[:500],
+        infra_failure="model_server",
+    )
 
 
 def sidekick_spec(
