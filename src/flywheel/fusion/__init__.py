@@ -41,8 +41,8 @@ import functools
 import queue
 import threading
 import time
-from concurrent.futures import Future
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -159,7 +159,9 @@ class Fusion:
             done = self._episodes.setdefault(ep.spec.id, [])
         k = len(done) + 1  # one lead episode delegates one turn at a time
         if k > self.config.max_delegations:
-            return ToolResult(f"error: no delegations left ({self.config.max_delegations} per attempt)", ok=False)
+            return ToolResult(
+                f"error: no delegations left ({self.config.max_delegations} per attempt)", ok=False
+            )
         effort = self.config.sidekick_levels.get(ep.spec.id) or self.config.sidekick_effort
         spec = sidekick_spec(ep.spec, action.args["instruction"], k, ws, effort)
         before = _tree(ws)
