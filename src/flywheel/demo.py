@@ -116,14 +116,59 @@ def frontier_lambdas(before: dict, out: Path) -> dict:
     return data
 
 
-def main() -> None:
+def turn(cfg, out: Path, limits: dict[str, int], base: str, *, stages: int = 3) -> tuple[dict, dict, dict]:
+    """One turn of the flywheel from `base` (a model spec) under the run config `cfg`: evaluate it on the
+    first held-out tasks (`limits` per effort level), set λ per level from its frontier, train, evaluate
+    the trained policy on the same tasks. Returns (before, after, calibration); everything goes under
+    `out` (eval-base/, calibration/, train/, eval-trained/). With `[fusion]` in `cfg` each policy is
+    measured as the sidekick of the config's lead, and λ is the pair's. `stages` numbers the printed
+    stages from that one."""
     from flywheel.eval.measure import evaluate_policy
-    from flywheel.eval.report import write_report
     from flywheel.loop import RunDir
-    from flywheel.models.shipped import base_dir, describe
     from flywheel.rl.calibrate import measuring
-    from flywheel.rl.config import load_config
     from flywheel.rl.train import load_engine, load_heldout, setup_torch, train
+
+    heldout = load_heldout(cfg)[: max(limits.values())]
+    sizes = ", ".join(f"{e} {n}" for e, n in limits.items())
+    setup_torch(cfg)
+    stage(stages, f"evaluating the base on held-out tasks ({sizes}) ...")
+    engine = load_engine(cfg, base)
+    before = evaluate_policy(engine, heldout, out=out / "eval-base", limits=limits, **measuring(cfg))
+    stage(stages + 1, "λ per effort level from the base's frontier (its success against cost at each level):")
+    cal = frontier_lambdas(before, out / "calibration")
+    cfg.reward.calibration = str(out / "calibration" / "calibration.json")
+    print("      λ = " + ", ".join(f"{e}: {v:.1f} per $" for e, v in cal["lambdas"].items()), flush=True)
+    budget = f"{cfg.train.max_minutes:g} minutes" if cfg.train.max_minutes else f"{cfg.train.steps} steps"
+    stage(stages + 2, f"training all {len(cfg.rollout.efforts)} effort levels in one run, for {budget} ...")
+    train(cfg, out / "train")
+    latest = RunDir(out / "train").latest_weights()
+    stage(stages + 3, "evaluating the trained policy on the same tasks ...")
+    engine = load_engine(cfg, f"hf:{latest}")
+    after = evaluate_policy(engine, heldout, out=out / "eval-trained", limits=limits, **measuring(cfg))
+    (out / "results.json").write_text(json.dumps({"base": before, "trained": after}, indent=1) + "\n")
+    return before, after, cal
+
+
+def print_gains(before: dict, after: dict, cal: dict) -> None:
+    """Each level's before/after rows, then its gain with Newcombe's interval and its λ."""
+    print(
+        f"\n[7/7] {'policy':8s} {'effort':7s} {'n':>4s}  {'success':>6s}  {'95% interval':>16s}  {'cost':>8s}  turns  1st-edit"
+    )
+    for name, data in (("base", before), ("trained", after)):
+        for effort, summary in data.items():
+            print(row(name, effort, summary))
+    print()
+    for effort in before:
+        d, lo, hi = gain(before[effort], after[effort])
+        print(
+            f"gain    {effort:7s} {d * 100:+6.1f} points  [{lo * 100:+.1f}, {hi * 100:+.1f}]  (λ {cal['lambdas'][effort]:.1f})"
+        )
+
+
+def main() -> None:
+    from flywheel.eval.report import write_report
+    from flywheel.models.shipped import base_dir, describe
+    from flywheel.rl.config import load_config
     from flywheel.tasks import load_suite
 
     configs = configs_dir()
@@ -145,37 +190,9 @@ def main() -> None:
     cfg.train.max_minutes = float(os.environ.get("FLYWHEEL_DEMO_MINUTES", cfg.train.max_minutes))
     n_max = int(os.environ.get("FLYWHEEL_DEMO_TASKS", TASKS_AT_MAX))
     limits = {e: n_max if e == "max" else min(n_max, TASKS_OTHERWISE) for e in cfg.rollout.efforts}
-    heldout = load_heldout(cfg)[: max(limits.values())]
-    sizes = ", ".join(f"{e} {n}" for e, n in limits.items())
-    setup_torch(cfg)
-    stage(3, f"evaluating the base on held-out tasks ({sizes}) ...")
-    engine = load_engine(cfg, f"hf:{base}")
-    before = evaluate_policy(engine, heldout, out=out / "eval-base", limits=limits, **measuring(cfg))
-    stage(4, "λ per effort level from the base's frontier (its success against cost at each level):")
-    cal = frontier_lambdas(before, out / "calibration")
-    cfg.reward.calibration = str(out / "calibration" / "calibration.json")
-    print("      λ = " + ", ".join(f"{e}: {v:.1f} per $" for e, v in cal["lambdas"].items()), flush=True)
-    budget = f"{cfg.train.max_minutes:g} minutes" if cfg.train.max_minutes else f"{cfg.train.steps} steps"
-    stage(5, f"training all three effort levels in one run, for {budget} ...")
-    train(cfg, out / "train")
-    latest = RunDir(out / "train").latest_weights()
-    stage(6, "evaluating the trained policy on the same tasks ...")
-    engine = load_engine(cfg, f"hf:{latest}")
-    after = evaluate_policy(engine, heldout, out=out / "eval-trained", limits=limits, **measuring(cfg))
-    (out / "results.json").write_text(json.dumps({"base": before, "trained": after}, indent=1) + "\n")
+    before, after, cal = turn(cfg, out, limits, f"hf:{base}")
     plot(before, after, out / "pareto.png")
-    print(
-        f"\n[7/7] {'policy':8s} {'effort':7s} {'n':>4s}  {'success':>6s}  {'95% interval':>16s}  {'cost':>8s}  turns  1st-edit"
-    )
-    for name, data in (("base", before), ("trained", after)):
-        for effort, summary in data.items():
-            print(row(name, effort, summary))
-    print()
-    for effort in before:
-        d, lo, hi = gain(before[effort], after[effort])
-        print(
-            f"gain    {effort:7s} {d * 100:+6.1f} points  [{lo * 100:+.1f}, {hi * 100:+.1f}]  (λ {cal['lambdas'][effort]:.1f})"
-        )
+    print_gains(before, after, cal)
     print(
         f"\nruns/demo/: calibration/, train/ (metrics.jsonl), results.json, pareto.png — {time.perf_counter() - _START:.0f} s"
     )
