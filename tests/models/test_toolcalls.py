@@ -36,8 +36,10 @@ def test_a_bash_client_gets_shell_equivalents():
     view = action_call(Action("view", {"path": "a b.py", "start": 3, "end": 9}), tools)
     assert view["arguments"]["command"] == "cat -n 'a b.py' | sed -n '3,9p'"
     assert action_call(Action("run_tests"), tools)["arguments"]["command"] == "python -m pytest -q"
-    assert action_call(Action("submit"), tools) is None  # no shell equivalent: stays text
-    assert text_tool_calls("<submit/>", BASH) == ("<submit/>", [])
+    submit = {"name": "bash", "arguments": {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}}
+    assert action_call(Action("submit"), tools) == submit  # mini-swe-agent's "done" line
+    assert text_tool_calls("<submit/>", BASH) == ("", [submit])
+    assert action_call(Action("delegate", {"instruction": "fix it"}), tools) is None  # stays text
 
 
 def test_fenced_shell_blocks_and_plain_text():

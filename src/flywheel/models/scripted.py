@@ -28,7 +28,11 @@ stop, is what RL can teach it.
 
 Each call is stateless: the plan is recomputed from the task and a seed, and the step is the number of
 assistant turns so far. The oracle answers in whichever format the request asks for: native tool calls
-when tools are offered, the tagged text format otherwise.
+when tools are offered (a tool it needs but the client lacks is called through the client's shell tool,
+as `toolcalls.action_call` maps it: a bash-only client such as mini-swe-agent gets `cat -n`, a Python
+edit script and its `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`), a fenced shell block whose language is
+`Request.meta["fence"]` when the client parses those (mini-swe-agent's text-based configuration:
+`mswea_bash_command`), the tagged text format otherwise.
 
 Asked for a summary of its working state (the harness's compaction: `Request.meta["summary"]`), every
 oracle writes a short plain one from what it knows — the task, the files of its plan, what it has done and
@@ -45,6 +49,7 @@ from functools import lru_cache
 from typing import Any
 
 from flywheel.models.actions import Action, render_tagged
+from flywheel.models.toolcalls import action_call, offered_tools, shell_command
 from flywheel.protocols import Completion, Request
 from flywheel.seeding import stable_seed
 from flywheel.tasks.format import load_task
@@ -417,13 +422,19 @@ class ScriptedModel:
         action = steps[min(step, len(steps) - 1)]
         if isinstance(action, str):
             return Completion(action, prompt_tokens=prompt_tokens, completion_tokens=count_tokens(action))
-        if r.tools:
-            call = {"id": f"call_{step}", "name": action.name, "arguments": dict(action.args)}
+        call = action_call(action, offered_tools(r.tools)) if r.tools else None
+        if call:
             return Completion(
                 "",
                 prompt_tokens=prompt_tokens,
-                completion_tokens=count_tokens(str(action.args)) + 4,
-                tool_calls=[call],
+                completion_tokens=count_tokens(str(call["arguments"])) + 4,
+                tool_calls=[{"id": f"call_{step}", **call}],
             )
-        text = render_tagged(action)
+        text = _text(action, r.meta.get("fence"))
         return Completion(text, prompt_tokens=prompt_tokens, completion_tokens=count_tokens(text))
+
+
+def _text(action: Action, fence: str | None) -> str:
+    """`action` as text: a shell block fenced as ```FENCE when the client asked for one, else tagged."""
+    command = shell_command(action) if fence else None
+    return f"```{fence}\n{command}\n```" if command else render_tagged(action)

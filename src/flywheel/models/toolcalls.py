@@ -9,8 +9,9 @@ action in the text into a call of a tool the client offered:
 - otherwise its shell equivalent goes to the client's shell tool (`shell`, else `bash`): `shell` is the
   command itself, `view` is `cat -n FILE` (cut to start..end with sed), `run_tests` is `python -m pytest
   -q` (a client's test command is not known), `edit` is a short Python script that replaces the unique
-  `old` text (and fails, saying why, when it is not found exactly once);
-- `submit` and `delegate` have no shell equivalent: without a same-named tool they stay text.
+  `old` text (and fails, saying why, when it is not found exactly once), `submit` is `echo
+  COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`, the line a bash-only agent (mini-swe-agent) reads as "done";
+- `delegate` has no shell equivalent: without a same-named tool it stays text.
 
 Text with no parsable action, or whose action the client cannot be called with, stays plain content.
 The text before the action (the model's thought) is kept as the message's content.
@@ -25,6 +26,7 @@ from flywheel.models.actions import LEAD_TOOL_NAMES, Action, FormatError, parse_
 
 SHELL_TOOLS = ("shell", "bash")  # the client tools that take a shell command, preferred first
 TEST_COMMAND = "python -m pytest -q"  # run_tests without a run_tests tool: the client's command is unknown
+SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # submit without a submit tool
 _FENCE = re.compile(r"```(?:bash|sh|shell|console)?[ \t]*\n(.*?)```", re.S)
 _TAG = re.compile(rf"<({'|'.join(LEAD_TOOL_NAMES)})\b")
 _EDIT = """python - <<'FLYWHEEL_EDIT'
@@ -78,6 +80,8 @@ def shell_command(action: Action) -> str | None:
         return command
     if action.name == "run_tests":
         return TEST_COMMAND
+    if action.name == "submit":
+        return SUBMIT_COMMAND
     if action.name == "edit":
         return _EDIT.format(path=a["path"], old=a["old"], new=a["new"])
     return None
