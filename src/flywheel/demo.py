@@ -126,7 +126,7 @@ def turn(cfg, out: Path, limits: dict[str, int], base: str, *, stages: int = 3) 
     from flywheel.eval.measure import evaluate_policy
     from flywheel.loop import RunDir
     from flywheel.rl.calibrate import measuring
-    from flywheel.rl.train import load_engine, load_heldout, setup_torch, train
+    from flywheel.rl.train import load_engine, load_heldout, resolve_lambdas, setup_torch, train
 
     heldout = load_heldout(cfg)[: max(limits.values())]
     sizes = ", ".join(f"{e} {n}" for e, n in limits.items())
@@ -138,6 +138,10 @@ def turn(cfg, out: Path, limits: dict[str, int], base: str, *, stages: int = 3) 
     cal = frontier_lambdas(before, out / "calibration")
     cfg.reward.calibration = str(out / "calibration" / "calibration.json")
     print("      λ = " + ", ".join(f"{e}: {v:.1f} per $" for e, v in cal["lambdas"].items()), flush=True)
+    cal["used"] = resolve_lambdas(cfg)  # the config's own `[reward] lambdas` stand over the frontier's
+    if cal["used"] != cal["lambdas"]:
+        used = ", ".join(f"{e}: {v:.1f} per $" for e, v in cal["used"].items())
+        print(f"      λ used (the config's [reward] lambdas over the frontier's) = {used}", flush=True)
     budget = f"{cfg.train.max_minutes:g} minutes" if cfg.train.max_minutes else f"{cfg.train.steps} steps"
     stage(stages + 2, f"training all {len(cfg.rollout.efforts)} effort levels in one run, for {budget} ...")
     train(cfg, out / "train")
@@ -161,7 +165,7 @@ def print_gains(before: dict, after: dict, cal: dict) -> None:
     for effort in before:
         d, lo, hi = gain(before[effort], after[effort])
         print(
-            f"gain    {effort:7s} {d * 100:+6.1f} points  [{lo * 100:+.1f}, {hi * 100:+.1f}]  (λ {cal['lambdas'][effort]:.1f})"
+            f"gain    {effort:7s} {d * 100:+6.1f} points  [{lo * 100:+.1f}, {hi * 100:+.1f}]  (λ {cal['used'][effort]:.1f})"
         )
 
 
