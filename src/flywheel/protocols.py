@@ -94,6 +94,7 @@ class Completion:
     logprobs: list[float] | None = None  # log-prob of each sampled token under the sampling distribution
     kept: list[list[int]] | None = None  # top-p kept set at each position (None entry: full vocabulary)
     error: str | None = None
+    policy_version: int | None = None  # the weights' version a server reports generating it with
 
 
 @runtime_checkable

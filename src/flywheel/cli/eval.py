@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from flywheel.models import SPECS
+from flywheel.models import SPECS, is_torch
 from flywheel.record import Trajectory
 
 ACTION_FORMATS = ("auto", "native", "tagged")
@@ -77,6 +77,12 @@ def eval_(
     compact_at: float = typer.Option(
         0.8, "--compact-at", help="Share of the model's context at which a summary is asked for, in (0, 1]."
     ),
+    device: str = typer.Option(
+        "auto", "--device", help="Torch engine models: auto (CUDA when a GPU is visible), cpu or cuda."
+    ),
+    dtype: str = typer.Option(
+        "float32", "--dtype", help="Torch engine models: float32 or bfloat16 (weights and KV cache)."
+    ),
     compare: bool = typer.Option(
         False,
         "--compare",
@@ -90,25 +96,28 @@ def eval_(
     from flywheel.eval.run import rollout
     from flywheel.fusion import Fusion, FusionConfig
     from flywheel.harness import HarnessConfig, get_effort
+    from flywheel.models.hf import resolve_device, resolve_dtype
     from flywheel.tasks import load_suite
 
     if bool(lead) != bool(sidekick) or bool(model) == bool(lead):
         raise FlywheelError("give --model, or --lead and --sidekick (Fusion)")
     if compare and not lead:
         raise FlywheelError("--compare needs --lead and --sidekick")
-    get_effort(effort)  # a bad effort or compaction fails before anything loads
+    engine = {"device": resolve_device(device, "--device").type, "dtype": resolve_dtype(dtype, "--dtype")}
+    get_effort(effort)  # a bad effort, compaction, device or dtype fails before anything loads
     HarnessConfig(compaction=compaction, compact_at=compact_at)
     if sidekick_effort:
         get_effort(sidekick_effort)
     tasks = load_suite(suite, split=split)
     tasks = tasks[:limit] if limit else tasks
-    policy, cfg = _policy(lead or model, base_url, seed, temperature, top_p, cohorts, action_format)
+    policy, cfg = _policy(lead or model, base_url, seed, temperature, top_p, cohorts, action_format, engine)
     cfg = replace(cfg, compaction=compaction, compact_at=compact_at)
     run = partial(_run, tasks, effort=effort, seed=seed, concurrency=concurrency, overwrite=overwrite)
     if not sidekick:
         typer.echo(json.dumps(run(policy, cfg, out, rollout), indent=1))
         return
-    helper, helper_cfg = _policy(sidekick, sidekick_base_url or base_url, seed, temperature, top_p, 1)
+    helper_url = sidekick_base_url or base_url
+    helper, helper_cfg = _policy(sidekick, helper_url, seed, temperature, top_p, 1, engine=engine)
     pair = Fusion(helper, helper_cfg, FusionConfig(sidekick_effort=sidekick_effort)).rollout
     if not compare:
         typer.echo(json.dumps(run(policy, cfg, out, pair), indent=1))
@@ -178,9 +187,11 @@ def _policy(
     top_p: float,
     cohorts: int,
     action_format: str = "auto",
+    engine: dict | None = None,
 ) -> tuple[Model, HarnessConfig]:
     """The model named by `spec` and the harness settings it runs under (`action_format` other than
-    "auto" wins over what the model says and what an SFT base learned)."""
+    "auto" wins over what the model says and what an SFT base learned; `engine`: a torch engine model's
+    device and dtype)."""
     from flywheel.errors import FlywheelError
     from flywheel.fusion import load_model
     from flywheel.harness import HarnessConfig
@@ -188,6 +199,8 @@ def _policy(
     if action_format not in ACTION_FORMATS:
         raise FlywheelError(f"bad --action-format {action_format!r}: use {', '.join(ACTION_FORMATS)}")
     opts = {"base_url": base_url} if spec.startswith("openai:") else {}
+    if is_torch(spec):
+        opts.update(engine or {})
     policy = load_model(spec, seed=seed, **opts) if spec.startswith("scripted") else load_model(spec, **opts)
     from flywheel.models.shipped import BASES, base_dir
 

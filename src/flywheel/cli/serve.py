@@ -2,16 +2,30 @@
 
 `scripted-lead` is served too (`flywheel.fusion.load_model`), so a Fusion lead can be an `openai:` model
 on loopback: like the scripted oracles it reads the task from `Request.meta`, which a client sends with
-`openai:NAME?send_meta=true`."""
+`openai:NAME?send_meta=true`.
+
+`--follow STORE` (a path, `file://` or `s3://` URL; S3 endpoint and keys from the usual environment
+variables, see `flywheel.sync.store`) makes the server an inference pool that follows the trainer: the
+model (a torch model: hf:PATH, smollm2-135m or a shipped base) is loaded in bf16, the latest published
+weights are loaded over it, and each version published after is applied in place between generation
+batches (`flywheel.models.follow`). The version served is in every completion (`policy_version`), in
+`GET /health`, and on stderr at each update. A store that cannot be read at start is refused (exit 2);
+an empty one is waited on (the model's own weights are served, with no version, until the first).
+"""
 
 from __future__ import annotations
 
+import logging
 import signal
+import sys
+from typing import Any
 
 import typer
 
 from flywheel.errors import FlywheelError
 from flywheel.models import SPECS
+
+FOLLOW_POLL_S = 0.5  # how often a following server looks for a new version
 
 
 def serve(
@@ -22,15 +36,22 @@ def serve(
     batch_window_ms: float = typer.Option(
         5.0, "--batch-window-ms", min=0.0, help="How long a batch waits to fill."
     ),
+    follow: str = typer.Option(
+        "", "--follow", help="Weight store (path, file:// or s3://) whose published versions to serve."
+    ),
 ) -> None:
     """Serve MODEL at http://HOST:PORT/v1 (chat completions, models) until interrupted."""
     from flywheel.fusion import load_model
     from flywheel.models.server import ServerConfig, serve_model
 
-    policy = load_model(model)
+    follower = None
+    if follow:
+        policy, follower = following(model, follow)
+    else:
+        policy = load_model(model)
     config = ServerConfig(batch_window_s=batch_window_ms / 1000, max_batch=max_batch)
     try:
-        server, thread = serve_model(policy, host, port, config)
+        server, thread = serve_model(policy, host, port, config, follower)
     except OSError as e:
         raise FlywheelError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     # Both stop it, even where SIGINT was ignored at start (a background job of a non-interactive shell).
@@ -45,6 +66,38 @@ def serve(
         typer.echo("stopping", err=True)
     finally:
         server.close()
+
+
+def following(model: str, url: str) -> tuple[Any, Any]:
+    """The torch model `model` in bf16 with a `Follower` of the store at `url`, loaded to its latest."""
+    import torch
+
+    from flywheel.models import MODELS, get_model
+    from flywheel.models.follow import Follower
+    from flywheel.sync import Retry, StoreError, open_store
+
+    kind = model.split(":", 1)[0] if ":" in model else model
+    if not MODELS.get(kind, "").endswith(":load_torch_model"):
+        raise FlywheelError(
+            f"--follow needs a torch model (hf:PATH, smollm2-135m or toybugs-sweep), not {model}"
+        )
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    log = logging.getLogger(__name__)
+    try:
+        store = open_store(url, retry=Retry(attempts=3), read_retry=Retry(attempts=3))
+    except (StoreError, OSError, ValueError, ImportError) as e:
+        raise FlywheelError(f"cannot open the weight store {url}: {e}") from None
+    policy = get_model(model, dtype=torch.bfloat16)
+    follower = Follower(policy.model, store, name=model, poll_s=FOLLOW_POLL_S)
+    try:
+        version = follower.start()
+    except StoreError as e:
+        raise FlywheelError(f"cannot read the weight store {url}: {e}") from None
+    if version is None:
+        log.info("weights: nothing published in %s yet; serving %s until the first version", url, model)
+    else:
+        log.info("weights: serving version %d from %s", version, url)
+    return policy, follower
 
 
 def _interrupt(signum, frame) -> None:

@@ -256,6 +256,8 @@ def _assistant_turn(c: Completion, summary: bool = False) -> dict[str, Any]:
         turn["tool_calls"] = [{"name": t.get("name"), "arguments": t.get("arguments")} for t in c.tool_calls]
     if c.token_ids is not None:
         turn.update(prompt_ids=c.prompt_ids, token_ids=c.token_ids, logprobs=c.logprobs, kept=c.kept)
+    if c.policy_version is not None:
+        turn["policy_version"] = c.policy_version
     if summary:
         turn["summary"] = True
     return turn

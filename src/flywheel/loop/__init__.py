@@ -1,7 +1,8 @@
 """The flywheel's one driver: rounds of work, inference pools, a trainer, weight deltas, and faults.
 
 Every `flywheel train` runs through `run`, whatever the backend (`inline`: one process, the trainer's
-engine generating; `local`: pool processes; `ray`: actors). Only the trainer needs one tight machine;
+engine generating; `local`: pool processes; `ray`: actors; `http`: `flywheel serve --follow` servers, the
+episodes run by the driver against them). Only the trainer needs one tight machine;
 inference pools anywhere need only the current weights. So the pool backends run a trainer and N pools
 (processes standing in for regions, or Ray actors on other nodes), and the only things that travel are
 work items, trajectory records and weight versions through object storage (`flywheel.sync`).
@@ -17,7 +18,7 @@ work items, trajectory records and weight versions through object storage (`flyw
 Modules: `config` (LoopConfig, the backend table), `dispatch` (work items, leases, exactly-once,
 staleness; pure state), `pool` (the engine that follows the store), `checkpoint` (atomic local checkpoints
 replicated to a peer), `host` (the trainer side), `runner` (the driver, `RunDir`, `Rounds` and `run`),
-`inline` / `local` / `ray_backend` (the `LoopBackend`s).
+`inline` / `local` / `ray_backend` / `http` (the `LoopBackend`s).
 
 The seams are in `flywheel.protocols`: the loop drives any `LoopTrainer` (`flywheel.rl.trainer.Trainer`
 or a test's small fake) through any `LoopBackend`; the caller's `Rounds` choose each round's work.

@@ -11,6 +11,9 @@ Backends, by name (imported only when chosen, so Ray loads only for `ray`):
 - `local`: the trainer in the driver process, each inference pool its own process following the
   weight store through deltas.
 - `ray`: the trainer host and the pools as Ray actors.
+- `http`: the trainer in the driver process; the pools are `flywheel serve --follow STORE` servers
+  anywhere, named by URL (`pool_urls`), following the weight store `store`; episodes run in the driver
+  (`flywheel.loop.http`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ BACKENDS = {
     "inline": "flywheel.loop.inline:InlineBackend",
     "local": "flywheel.loop.local:LocalBackend",
     "ray": "flywheel.loop.ray_backend:RayBackend",
+    "http": "flywheel.loop.http:HttpBackend",
 }
 TRAJECTORIES = ("full", "lite", "none")
 
@@ -36,8 +40,11 @@ class LoopConfig:
     """One run of the loop; every field has a working default except `model`."""
 
     # -- the [loop] table of a run config
-    backend: str = "inline"  # "inline" (one process), "local" (pool processes) or "ray" (actors)
+    backend: str = "inline"  # "inline" (one process), "local" (pool processes), "ray" (actors) or "http"
     pools: int = 2  # inference pools (each its own process / actor, engine and weight subscriber)
+    pool_urls: list[str] = field(
+        default_factory=list
+    )  # http: the servers' base URLs (…/v1); pools = their count
     pool_batch: int = 4  # work items a pool runs together (its run_episodes concurrency)
     max_staleness: int = 1  # k: a record generated at version v is used at trainer version <= v + k
     sync: bool = False  # synchronous schedule: round r is generated at exactly version r (forces k = 0)
@@ -87,6 +94,8 @@ class LoopConfig:
     episodes_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.backend == "http" and self.pool_urls:
+            self.pools = len(self.pool_urls)
         if self.deterministic:
             self.sync = True
             if self.backend != "inline":
@@ -108,6 +117,8 @@ def check_config(cfg: LoopConfig) -> None:
     """Refuse a bad configuration with one clear line."""
     if cfg.backend not in BACKENDS:
         raise FlywheelError(f"unknown loop backend '{cfg.backend}' (choose from {', '.join(BACKENDS)})")
+    if cfg.backend == "http":
+        check_http(cfg)
     if not cfg.model:
         raise FlywheelError("loop: `model` is required (hf:PATH or smollm2-135m: the pools' engine)")
     if cfg.steps < 0:
@@ -146,6 +157,22 @@ def check_config(cfg: LoopConfig) -> None:
     for name in cfg.budgets:
         if name not in cfg.efforts:
             raise FlywheelError(f"loop: `budgets` names effort '{name}', which is not in `efforts`")
+
+
+def check_http(cfg: LoopConfig) -> None:
+    """The `http` backend needs the servers' URLs and the store they follow (whether each URL answers is
+    checked when the backend starts)."""
+    if not cfg.pool_urls:
+        raise FlywheelError('loop: backend "http" needs `pool_urls`, e.g. ["http://127.0.0.1:8000/v1"]')
+    bad = [u for u in cfg.pool_urls if not isinstance(u, str) or not u.startswith(("http://", "https://"))]
+    if bad:
+        raise FlywheelError(f"loop: `pool_urls` must be http:// or https:// URLs, got {bad[0]!r}")
+    if len(set(cfg.pool_urls)) != len(cfg.pool_urls):
+        raise FlywheelError("loop: `pool_urls` names a server twice")
+    if not cfg.store:
+        raise FlywheelError(
+            'loop: backend "http" needs `store`, the weight store its servers follow (flywheel serve --follow STORE)'
+        )
 
 
 def effort_of(cfg: Any, name: str):

@@ -33,6 +33,7 @@ from flywheel.errors import FlywheelError
 from flywheel.harness import EpisodeSpec, HarnessConfig, run_episodes
 from flywheel.loop.config import effort_of
 from flywheel.loop.dispatch import WorkItem
+from flywheel.models.follow import bind, check_binding
 from flywheel.protocols import Grader, Model
 from flywheel.record import Trajectory
 from flywheel.registry import load
@@ -109,23 +110,6 @@ def run_items(
     run_episodes(specs, engine, cfg=cfg, grader=grader, concurrency=concurrency, on_record=on_record)
 
 
-def bind(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's tensors by state-dict name, for in-place updates.
-
-    Tied weights (an LM head sharing the embedding's storage) appear under two names; the second name gets
-    its own copy (a shadow), since applying the same delta twice to one storage would apply it on top of
-    itself. The delta changes both names alike, so the storage the engine reads is updated once, through
-    the first name, and the shadow keeps the second name's checksum honest.
-    """
-    out: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for name, t in model.state_dict().items():
-        ptr = t.untyped_storage().data_ptr()
-        out[name] = t.clone() if ptr in seen else t
-        seen.add(ptr)
-    return out
-
-
 class Pool:
     """One inference engine that follows the published weights; see the module docstring."""
 
@@ -150,12 +134,7 @@ class Pool:
         return self.sub.version
 
     def check_binding(self) -> None:
-        for name, t in self.sub.weights.items():
-            if self.bound.get(name) is not t:
-                raise FlywheelError(
-                    f"published tensor '{name}' does not fit the pool's model {self.spec.model} "
-                    f"(unknown name, shape or dtype)"
-                )
+        check_binding(self.bound, self.sub.weights, self.spec.model)
 
     def catch_up(self, min_version: int, wait_s: float) -> int | None:
         """Block until the weights are at least `min_version` or `wait_s` has passed."""

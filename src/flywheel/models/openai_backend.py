@@ -28,8 +28,21 @@ every server); a spec turns it on with `openai:NAME?tools=native` (`load_openai_
 `flywheel eval --action-format native` overrides it either way. `send_meta` sends `Request.meta` (task directory, episode id) in the non-standard body
 field `flywheel_meta`, which `flywheel serve` passes on to its model: the scripted oracle needs it to act.
 
-What is not covered: streaming, log-probs (an HTTP policy cannot be trained on with replay; the
-in-process engine can), `n > 1` (the harness asks for one message per request).
+Training on what a server generated (`logprobs`, off by default; `openai:NAME?logprobs=true`, and the
+loop's `http` backend turns it on): each request asks for `logprobs: true` (and `return_token_ids: true`,
+vLLM's switch for the ids), and when the response carries the sampled tokens' ids (the non-standard
+`choices[i].token_ids`), their log-probs (`choices[i].logprobs.content`) and the prompt's ids
+(`prompt_token_ids`), as `flywheel serve` and vLLM return them, the `Completion` holds them
+(`token_ids`, `logprobs`, `prompt_ids`), so the trainer replays the turn. A response that lacks any of
+the three, or whose ids and log-probs differ in length, gives a turn without them (recorded, not
+trained). The top-p kept sets are never sent: the trainer rebuilds them from its own distribution
+(`flywheel.rl.objective.rebuild_kept_mask`, which says what that costs). The non-standard top-level
+`policy_version` that `flywheel serve --follow` reports becomes `Completion.policy_version`, whether or
+not log-probs were asked for.
+
+What is not covered: streaming, `n > 1` (the harness asks for one message per request), and log-probs of
+servers that return them after their own sampling processors rather than before (see the README's notes
+on vLLM and SGLang).
 """
 
 from __future__ import annotations
@@ -77,12 +90,15 @@ class OpenAIConfig:
     retry_backoff_s: float = 1.0  # first wait before one of our retries; doubles each time
     native_tools: bool = False  # tell the harness to offer tools natively (the server must parse tool calls)
     send_meta: bool = False  # send Request.meta as the body field "flywheel_meta" (read by `flywheel serve`)
+    logprobs: bool = False  # ask for the sampled tokens' ids and log-probs, and record them for training
 
 
 # ------------------------------------------------------------------------------------ pure functions
 
 
-def request_kwargs(model: str, req: Request, send_meta: bool = False) -> dict[str, Any]:
+def request_kwargs(
+    model: str, req: Request, send_meta: bool = False, logprobs: bool = False
+) -> dict[str, Any]:
     """The keyword arguments of `chat.completions.create` for one request."""
     kwargs: dict[str, Any] = {
         "model": model,
@@ -98,8 +114,14 @@ def request_kwargs(model: str, req: Request, send_meta: bool = False) -> dict[st
     if req.tools:
         kwargs["tools"] = [function_tool(t) for t in req.tools]
         kwargs["tool_choice"] = "auto"
+    extra: dict[str, Any] = {}
     if send_meta and req.meta:
-        kwargs["extra_body"] = {META_FIELD: req.meta}
+        extra[META_FIELD] = req.meta
+    if logprobs:
+        kwargs["logprobs"] = True
+        extra["return_token_ids"] = True
+    if extra:
+        kwargs["extra_body"] = extra
     return kwargs
 
 
@@ -158,7 +180,34 @@ def to_completion(response: Any) -> Completion:
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         tool_calls=_tool_calls(choice.message),
+        **sampled(response, choice),
+        policy_version=_int_or_none(_extra(response).get("policy_version")),
     )
+
+
+def sampled(response: Any, choice: Any) -> dict[str, Any]:
+    """`prompt_ids`, `token_ids` and `logprobs` of a response that carries all three consistently, else {}."""
+    content = getattr(getattr(choice, "logprobs", None), "content", None)
+    token_ids, prompt_ids = _extra(choice).get("token_ids"), _extra(response).get("prompt_token_ids")
+    if not content or not isinstance(token_ids, list) or not isinstance(prompt_ids, list):
+        return {}
+    logprobs = [float(t.logprob) for t in content]
+    if len(logprobs) != len(token_ids) or not prompt_ids:
+        return {}
+    return {
+        "prompt_ids": [int(i) for i in prompt_ids],
+        "token_ids": [int(i) for i in token_ids],
+        "logprobs": logprobs,
+    }
+
+
+def _extra(obj: Any) -> dict[str, Any]:
+    """The fields of a response object beyond the OpenAI schema (pydantic's `model_extra`)."""
+    return getattr(obj, "model_extra", None) or {}
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def is_context_error(status: int | None, code: Any, message: str) -> bool:
@@ -222,7 +271,8 @@ class OpenAIModel:
 
     def _one(self, req: Request) -> Completion:
         try:
-            return to_completion(self._create(request_kwargs(self.model, req, self.config.send_meta)))
+            kwargs = request_kwargs(self.model, req, self.config.send_meta, self.config.logprobs)
+            return to_completion(self._create(kwargs))
         except Exception as e:  # a failed request is data: the episode records the error
             return error_completion(e, self.config.timeout_s)
 

@@ -49,6 +49,12 @@ Stopping and what a Completion holds:
 - Failures are data: a request that cannot be rendered or has invalid sampling settings, or a batch whose
   forward pass raises, comes back as `Completion(finish_reason="error", error=...)`.
 
+Device and precision (`load_torch_model`'s `device` and `dtype`): the weights and the KV cache are in the
+model's dtype on its device; the logits are cast to float32 before sampling, so log-probs, kept sets and
+the token picked are computed in float32 whatever the weights' dtype (recorded log-probs of a bfloat16
+engine stay comparable with the trainer's float32 replay). Sampling runs on the logits' device; each
+step's tokens, log-probs and kept sets come back to the CPU, where the decode loop keeps its buffers.
+
 The fallback template (a tokenizer without a chat template) renders each message as
 `<|role|>\\ncontent\\n` and ends with `<|assistant|>\\n`.
 """
@@ -66,6 +72,7 @@ import torch
 
 from flywheel.errors import FlywheelError
 from flywheel.models.fastllama import LlamaRunner, PrefixStore, unsupported
+from flywheel.models.hf import resolve_device, resolve_dtype
 from flywheel.protocols import Completion, Request
 
 ENGINE_OPTIONS = {
@@ -128,18 +135,29 @@ class Step:
     kept_ids: torch.Tensor | None = None  # [R, K] token ids, most probable first; or a [R, V] bool mask
     kept_n: torch.Tensor | None = None  # [R] size of each row's nucleus (<= K); None with a mask
 
+    def cpu(self) -> Step:
+        """This step with every tensor on the CPU (itself when it is there already)."""
+        if self.tokens.device.type == "cpu":
+            return self
+        parts = (self.tokens, self.logprobs, self.kept_rows, self.kept_ids, self.kept_n)
+        return Step(*(None if t is None else t.cpu() for t in parts))
+
 
 def sample_step(
     logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor
 ) -> Step:
-    """Sample one token per row of `logits` [B, V] given per-row temperature, top-p and a uniform in [0, 1)."""
+    """Sample one token per row of `logits` [B, V] given per-row temperature, top-p and a uniform in [0, 1).
+
+    Computed in float32 on the logits' device; the results stay there (`Step.cpu` brings them back)."""
+    dev = logits.device
+    temperature, top_p, u = temperature.to(dev), top_p.to(dev), u.to(dev)
     greedy = temperature <= 0
     scaled = logits.float() / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(1)
     logz = torch.logsumexp(scaled, dim=-1)
     p_eff = torch.where(greedy, torch.zeros_like(top_p), top_p)
     full = p_eff >= 1.0
-    tokens = torch.empty(logits.shape[0], dtype=torch.long)
-    logprobs = torch.empty(logits.shape[0], dtype=torch.float32)
+    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=dev)
+    logprobs = torch.empty(logits.shape[0], dtype=torch.float32, device=dev)
     step = Step(tokens, logprobs)
     if bool(full.any()):
         rows = full.nonzero().squeeze(1)
@@ -198,7 +216,7 @@ def wide_nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor, 
     scale = bins / (top - low).clamp(min=1e-30)
     level = (top - scaled).mul_(scale).clamp_(max=bins - 1).long()
     wide = probs.double()  # masses summed in float64: the boundary token is decided on exact sums
-    mass = torch.zeros((rows, bins), dtype=torch.float64).scatter_add_(1, level, wide)
+    mass = torch.zeros((rows, bins), dtype=torch.float64, device=scaled.device).scatter_add_(1, level, wide)
     above = torch.cumsum(mass, dim=-1) - mass  # mass of the bins above each bin
     edge = (above < top_p.unsqueeze(1)).sum(dim=-1) - 1  # the bin where the running mass crosses top_p
     keep = level < edge.unsqueeze(1)
@@ -227,7 +245,7 @@ def _sample_nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tenso
         lp = torch.log(probs.gather(1, tok.unsqueeze(1)) / mass).squeeze(1)
         return tok, lp, keep, None
     vals, ids, n, probs = found
-    inside = torch.arange(vals.shape[1]).unsqueeze(0) < n.unsqueeze(1)
+    inside = torch.arange(vals.shape[1], device=vals.device).unsqueeze(0) < n.unsqueeze(1)
     cdf = torch.cumsum(torch.where(inside, probs, torch.zeros_like(probs)), dim=-1)
     mass = cdf.gather(1, (n - 1).unsqueeze(1))
     pick = torch.searchsorted(cdf, u.unsqueeze(1) * mass, right=True).squeeze(1)
@@ -378,7 +396,7 @@ class TorchEngine:
         eos = torch.tensor(self.eos_ids if not self.ignore_eos else [], dtype=torch.long)
         step = 0
         while True:
-            s = sample_step(logits, batch.temperature, batch.top_p, batch.uniforms[:, step])
+            s = sample_step(logits, batch.temperature, batch.top_p, batch.uniforms[:, step]).cpu()
             batch.record(step, s)
             finished = self._finished(batch, step, s.tokens, eos)
             for j in (j for j, f in enumerate(finished) if f):  # row j holds its prompt and tokens 0..step-1
@@ -508,28 +526,31 @@ class _Batch:
 
 
 class HFRunner:
-    """The engine's stepping interface on the model's own forward and a `DynamicCache` (any causal LM)."""
+    """The engine's stepping interface on the model's own forward and a `DynamicCache` (any causal LM);
+    inputs go to the model's device, float32 logits come back."""
 
     def __init__(self, model, cache_kw: str) -> None:
         from transformers import DynamicCache
 
-        self.model, self.cache_kw = model, cache_kw
+        self.model, self.cache_kw, self.device = model, cache_kw, model.device
         self.cache = DynamicCache(config=model.config)
         self.mask = self.positions = torch.empty(0)
 
     def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        mask = mask.to(self.device)
         self.mask, self.positions = mask, (mask.cumsum(-1) - 1).clamp(min=0)
-        return self._forward(input_ids, logits_to_keep=1)
+        return self._forward(input_ids.to(self.device), logits_to_keep=1)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
         self.positions = self.positions[:, -1:] + 1
-        return self._forward(tokens.unsqueeze(1))
+        return self._forward(tokens.to(self.device).unsqueeze(1))
 
     def remember(self, row: int, ids: list[int]) -> None:
         """Nothing: only the fast path keeps finished sequences' keys and values."""
 
     def select(self, rows: torch.Tensor) -> None:
+        rows = rows.to(self.device)
         self.cache.batch_select_indices(rows)
         self.mask, self.positions = self.mask[rows], self.positions[rows]
 
@@ -542,7 +563,7 @@ class HFRunner:
             **{self.cache_kw: self.cache},
             **kw,
         )
-        return out.logits[:, -1]
+        return out.logits[:, -1].float()
 
 
 def _uniforms(seed: int | None, steps: int, rng: torch.Generator) -> torch.Tensor:
@@ -581,32 +602,39 @@ def _error(message: str) -> Completion:
 # -------------------------------------------------------------------------------------------- factory
 
 
+def torch_model_dir(spec: str):
+    """The HF-format directory behind `hf:PATH`, `smollm2-135m` or a shipped base."""
+    from flywheel.models.hf import SMOLLM2, smollm2_dir
+    from flywheel.models.shipped import BASES, base_dir
+
+    if spec.startswith("hf:") and spec[3:]:
+        return spec[3:]
+    if spec == SMOLLM2:
+        return smollm2_dir()
+    if spec in BASES:
+        return base_dir(spec)
+    raise FlywheelError(f"unknown torch model '{spec}' (use hf:PATH, {SMOLLM2} or {', '.join(BASES)})")
+
+
 def load_torch_model(spec: str, **opts: Any) -> TorchEngine:
     """A `TorchEngine` for `hf:PATH` (an HF-format directory), `smollm2-135m` or a shipped base.
 
-    Options: `dtype` (torch dtype, default float32), `context` (alias of `max_context`), and `TorchEngine`'s `max_context`, `max_batch`,
-    `ignore_eos`, `seed`, `name`, `eos_ids` (replaces the tokenizer's and generation config's EOS ids),
-    `fast` (False: always the model's own forward, never `fastllama`).
+    Options: `dtype` (`"float32"`, the default, or `"bfloat16"`; a torch dtype too), `device` (`"cpu"`,
+    the default, `"cuda"` or `"auto"`: CUDA when a GPU is visible), `context` (alias of `max_context`), and
+    `TorchEngine`'s `max_context`, `max_batch`, `ignore_eos`, `seed`, `name`, `eos_ids` (replaces the
+    tokenizer's and generation config's EOS ids), `fast` (False: always the model's own forward, never
+    `fastllama`).
     """
-    from flywheel.models.hf import SMOLLM2, load_hf, smollm2_dir
-    from flywheel.models.shipped import BASES, base_dir
+    from flywheel.models.hf import load_hf
 
-    dtype = opts.pop("dtype", torch.float32)
+    dtype = resolve_dtype(opts.pop("dtype", torch.float32))
+    device = resolve_device(opts.pop("device", "cpu"))
     if "context" in opts:
         opts["max_context"] = opts.pop("context")
     unknown = sorted(set(opts) - ENGINE_OPTIONS)
     if unknown:
-        raise FlywheelError(
-            f"unknown torch engine option(s) {', '.join(unknown)} (known: dtype, {', '.join(sorted(ENGINE_OPTIONS))})"
-        )
-    if spec.startswith("hf:") and spec[3:]:
-        path = spec[3:]
-    elif spec == SMOLLM2:
-        path = smollm2_dir()
-    elif spec in BASES:
-        path = base_dir(spec)
-    else:
-        raise FlywheelError(f"unknown torch model '{spec}' (use hf:PATH, {SMOLLM2} or {', '.join(BASES)})")
-    model, tokenizer = load_hf(path, dtype=dtype)
+        known = ", ".join(sorted({"dtype", "device", *ENGINE_OPTIONS}))
+        raise FlywheelError(f"unknown torch engine option(s) {', '.join(unknown)} (known: {known})")
+    model, tokenizer = load_hf(torch_model_dir(spec), dtype=dtype, device=device)
     opts.setdefault("name", spec)
     return TorchEngine(model, tokenizer, **opts)

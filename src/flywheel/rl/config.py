@@ -19,6 +19,7 @@ from typing import Any
 
 from flywheel.errors import FlywheelError
 from flywheel.loop.config import LoopConfig
+from flywheel.models.hf import resolve_device, resolve_dtype
 from flywheel.rl.objective import QUANTITIES
 
 # ------------------------------------------------------------------------------------------- sections
@@ -29,6 +30,12 @@ class ModelConfig:
     path: str = ""  # `hf:DIR`, `smollm2-135m`, `toybugs-sweep` (the shipped base), or a directory made by `flywheel sft`
     max_context: int = 2048  # prompt + generation, in tokens
     prefix_cache_mb: int = 512  # keys and values of earlier turns kept for the next turn's prompt (0: off)
+    device: str = "auto"  # "auto" (CUDA when a GPU is visible, else the CPU), "cpu" or "cuda"
+    dtype: str = "float32"  # or "bfloat16": engine weights and KV cache; training autocasts (float32 master)
+
+    def __post_init__(self) -> None:
+        resolve_device(self.device, "[model] device")  # "cuda" without a visible GPU is refused here
+        resolve_dtype(self.dtype, "[model] dtype")
 
 
 @dataclass

@@ -84,12 +84,14 @@ def model_spec(path: str) -> str:
 
 
 def load_engine(cfg: RunConfig, spec: str = ""):
-    """The run's torch engine on `spec` (default: the run's base model) with the `[model]` settings (no
-    prefix cache for a deterministic Fusion run: see the module docstring)."""
+    """The run's torch engine on `spec` (default: the run's base model) with the `[model]` settings: device,
+    dtype, context (no prefix cache for a deterministic Fusion run: see the module docstring)."""
     from flywheel.models.torch_engine import load_torch_model
 
     return load_torch_model(
         spec or model_spec(cfg.model.path),
+        device=cfg.model.device,
+        dtype=cfg.model.dtype,
         max_context=cfg.model.max_context,
         seed=cfg.seed,
         prefix_cache_mb=0 if cfg.fusion and cfg.deterministic else cfg.model.prefix_cache_mb,
@@ -297,10 +299,18 @@ class TrainRounds:
 
 def make_trainer(cfg: RunConfig) -> Trainer:
     """A fresh `Trainer` on the run's base model, with its engine (a factory the backends call where the
-    trainer runs)."""
+    trainer runs). In float32 the two share one model; with `[model] dtype = "bfloat16"` the trainer gets
+    float32 master weights loaded from the same directory and the engine a bfloat16 copy it keeps in sync."""
+    from flywheel.models.hf import load_hf
+    from flywheel.models.torch_engine import torch_model_dir
+
     setup_torch(cfg)
     engine = load_engine(cfg)
-    return Trainer(engine.model, engine.tokenizer, cfg, resolve_lambdas(cfg), engine=engine)
+    model = engine.model
+    if model.dtype != torch.float32:
+        path = torch_model_dir(model_spec(cfg.model.path))
+        model, _ = load_hf(path, dtype=torch.float32, device=model.device)
+    return Trainer(model, engine.tokenizer, cfg, resolve_lambdas(cfg), engine=engine)
 
 
 def loop_config(cfg: RunConfig, spec: str = "") -> LoopConfig:

@@ -26,6 +26,13 @@ Rollouts whose advantage is exactly zero carry no gradient and are skipped.
 The model is shared with the rollout engine, which always generates from the current parameters, so the
 next step's rollouts see this step's update without a copy. `serving_weights()` gives the bf16 weights to
 publish as deltas; `save` / `load` checkpoint the model, the optimizer and the version atomically.
+
+Precision (`[model] dtype`): with `"bfloat16"` the trainer's model holds float32 master weights and the
+optimizer keeps float32 state; the forward passes run under `torch.autocast` to bfloat16 (`hf.mixed`) and
+the loss is computed on float32 logits. The engine then serves its own bfloat16 copy, which
+`sync_engine` overwrites from the master weights after every update and every `load`; deltas and
+checkpoints are read from the master weights. The device is the model's: batches are built on the CPU and
+moved there.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from typing import Any
 import torch
 
 from flywheel.errors import FlywheelError
-from flywheel.models.hf import train_top_layers
+from flywheel.models.hf import mixed, resolve_dtype, train_top_layers
 from flywheel.record import Trajectory
 from flywheel.rl.config import RunConfig
 from flywheel.rl.objective import (
@@ -53,12 +60,12 @@ from flywheel.rl.objective import (
     as_budget,
     as_prices,
     budget_penalty,
-    kept_mask,
     length_penalty_on,
     overruns,
     policy_loss,
     replay_entropy,
     replay_log_probs,
+    replay_mask,
     reward,
 )
 from flywheel.rl.optim import build_optimizer
@@ -165,6 +172,13 @@ class Trainer:
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
         self.engine = engine  # a Model generating from `model`'s parameters (the inline loop backend's)
         self.lambdas = dict(lambdas)
+        self.dtype = resolve_dtype(cfg.model.dtype, "[model] dtype")
+        first = next(model.parameters())
+        self.device = first.device
+        if self.dtype != torch.float32 and first.dtype != torch.float32:
+            raise FlywheelError(
+                f"[model] dtype = '{cfg.model.dtype}' trains float32 master weights, not {first.dtype}"
+            )
         o = cfg.optim
         try:
             train_top_layers(model, o.train_layers)
@@ -222,6 +236,7 @@ class Trainer:
             stats["grad_norm"] = float(norm)
             if params:
                 self.optimizer.step()
+        self.sync_engine()
         self.version += 1
         return {**stats, **outcome_metrics(records, scores)}
 
@@ -239,17 +254,18 @@ class Trainer:
             advs = torch.cat(
                 [torch.full((len(t["token_ids"]),), work[i][1]) for i, t in zip(batch, turns, strict=True)]
             )
-            logits = self._generated_logits(turns) if pack is None else self._packed_logits(turns, pack)
-            tokens = torch.tensor([x for t in turns for x in t["token_ids"]])
-            kept = [
-                k
-                for t in turns
-                for k in (t["kept"] if self.cfg.objective.replay else [None] * len(t["token_ids"]))
-            ]
-            mask = kept_mask(kept, logits.shape[1])
+            with mixed(self.device, self.dtype):
+                logits = self._generated_logits(turns) if pack is None else self._packed_logits(turns, pack)
+            dev = logits.device
+            advs = advs.to(dev)
+            tokens = torch.tensor([x for t in turns for x in t["token_ids"]], device=dev)
             temperature = self.cfg.rollout.temperature
+            # a turn without kept sets (an HTTP pool's) has them rebuilt at the rollout's top-p (replay_mask)
+            kept = [t.get("kept") if obj.replay else [None] * len(t["token_ids"]) for t in turns]
+            lengths = [len(t["token_ids"]) for t in turns]
+            mask = replay_mask(kept, lengths, logits, tokens, self.cfg.rollout.top_p, temperature)
             lp = replay_log_probs(logits, mask, tokens, temperature)
-            rollout_lp = torch.tensor([x for t in turns for x in t["logprobs"]])
+            rollout_lp = torch.tensor([x for t in turns for x in t["logprobs"]], device=dev)
             loss, s = policy_loss(
                 lp,
                 rollout_lp,
@@ -287,6 +303,7 @@ class Trainer:
             start = len(t["prompt_ids"]) - 1
             rows += [j] * len(t["token_ids"])
             cols += range(start, start + len(t["token_ids"]))
+        ids, attn = ids.to(self.device), attn.to(self.device)
         hidden = self.model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state
         return self.model.get_output_embeddings()(hidden[rows, cols]).float()
 
@@ -298,11 +315,13 @@ class Trainer:
             pack = PrefixPack()
             for t in turns:
                 pack.add(t["prompt_ids"] + t["token_ids"])
-        dtype = next(self.model.parameters()).dtype
+        dev = self.device
+        # the mask in the dtype attention computes in: autocast's, else the weights'
+        dtype = self.dtype if self.dtype != torch.float32 else next(self.model.parameters()).dtype
         hidden = self.model.base_model(
-            input_ids=torch.tensor([pack.ids]),
-            attention_mask=pack.mask(dtype),
-            position_ids=torch.tensor([pack.positions]),
+            input_ids=torch.tensor([pack.ids], device=dev),
+            attention_mask=pack.mask(dtype).to(dev),
+            position_ids=torch.tensor([pack.positions], device=dev),
         ).last_hidden_state[0]
         rows = [
             node
@@ -314,8 +333,19 @@ class Trainer:
     # -- weights and checkpoints
 
     def serving_weights(self) -> dict[str, torch.Tensor]:
-        """bf16 copies of the weights, as inference serves them."""
-        return {k: v.detach().to(torch.bfloat16).clone() for k, v in self.model.state_dict().items()}
+        """bf16 copies of the (master) weights on the CPU, as inference serves them."""
+        return {k: v.detach().to("cpu", torch.bfloat16).clone() for k, v in self.model.state_dict().items()}
+
+    def sync_engine(self) -> None:
+        """Copy the weights into the engine's model when it holds a copy of its own (a bfloat16 engine under
+        float32 master weights), in place, so the engine sees the update; nothing when they are shared."""
+        served = getattr(self.engine, "model", None)
+        if served is None or served is self.model:
+            return
+        target = dict(served.named_parameters())
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                target[name].copy_(p)
 
     def save(self, path: Path) -> Path:
         """Checkpoint into directory `path` atomically: weights, tokenizer, optimizer, version."""
@@ -346,8 +376,11 @@ class Trainer:
         missing = self.model.load_state_dict(state, strict=False).missing_keys
         if [k for k in missing if "lm_head" not in k]:  # tied heads are not saved separately
             raise ValueError(f"{path}: checkpoint lacks {missing[:3]}")
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+        self.optimizer.load_state_dict(
+            torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
+        )
         self.version = int(json.loads((path / "trainer.json").read_text())["version"])
+        self.sync_engine()
 
 
 def outcome_metrics(records: Sequence[Trajectory], scores: Sequence[dict[str, float]]) -> dict[str, float]:

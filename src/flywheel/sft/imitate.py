@@ -13,6 +13,10 @@
    span of it, loss on the repeat (`copy_example`). Imitation alone, on ~35k action tokens, does not
    teach a model this small to copy; an edit's `old` text then comes out as the commonest line instead.
 
+Device and precision (`[model] device`, `dtype`, as a run's `[model]`): the model trains on the device
+with float32 weights and optimizer state; with `dtype = "bfloat16"` its forward passes run under
+`torch.autocast` to bfloat16 and the loss is computed on float32 logits. The saved weights are float32.
+
 The conversation is rendered exactly as the engine will render it at rollout time (the model's ChatML
 template, observations clipped to the same length), so imitation and rollouts see the same text. The
 result is an HF-format directory (`hf:DIR` for every command), written atomically, with
@@ -39,7 +43,7 @@ from flywheel.errors import FlywheelError
 from flywheel.eval.run import efforts_for, make_specs, rollout
 from flywheel.harness import HarnessConfig
 from flywheel.models import get_model
-from flywheel.models.hf import train_top_layers
+from flywheel.models.hf import mixed, resolve_device, resolve_dtype, train_top_layers
 from flywheel.models.tiny import IM_END, IM_START, build_tiny_model
 from flywheel.progress import progress
 from flywheel.protocols import Verdict
@@ -72,6 +76,8 @@ class SftModelConfig:
     max_positions: int = 2048
     max_token_chars: int = 0  # longest tokenizer token in characters (0: no limit)
     split_symbols: bool = False  # each digit and punctuation mark a token of its own (train_tokenizer)
+    device: str = "auto"  # "auto" (CUDA when a GPU is visible, else the CPU), "cpu" or "cuda"
+    dtype: str = "float32"  # or "bfloat16": forward passes under autocast, float32 weights and optimizer
 
 
 @dataclass
@@ -302,7 +308,9 @@ def weighted_loss(model, ids, mask, weights) -> tuple[torch.Tensor, torch.Tensor
     """(objective, target loss): next-token cross-entropy averaged with `weights` over the predicted
     tokens, and the same restricted to the weight-1 tokens (the actions; what the log reports).
 
-    The output head runs only where the weight is not 0 (for a 49k vocabulary it is the costly part)."""
+    The output head runs only where the weight is not 0 (for a 49k vocabulary it is the costly part). The
+    batch moves to the model's device."""
+    ids, mask, weights = ids.to(model.device), mask.to(model.device), weights.to(model.device)
     hidden = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
     w = weights[:, 1:]
     at = w > 0
@@ -311,6 +319,11 @@ def weighted_loss(model, ids, mask, weights) -> tuple[torch.Tensor, torch.Tensor
     w = w[at]
     target = (w == 1.0).float()
     return (ce * w).sum() / w.sum().clamp(min=1e-9), (ce * target).sum().detach() / target.sum().clamp(min=1)
+
+
+def _precision(model, cfg: SftConfig):
+    """The context of a training forward: autocast to `[model] dtype` on the model's device."""
+    return mixed(model.device, resolve_dtype(cfg.model.dtype, "[model] dtype"))
 
 
 def _trainable(model) -> list[torch.nn.Parameter]:
@@ -349,7 +362,8 @@ def train_model(model, tokenizer, examples, cfg: SftConfig, log) -> None:
                 ids, mask, weights = collate([examples[i] for i in group], tokenizer.pad_token_id)
                 for g in opt.param_groups:
                     g["lr"] = lr_at(step, total, cfg.train.warmup_steps, cfg.train.lr)
-                objective, loss = weighted_loss(model, ids, mask, weights)
+                with _precision(model, cfg):
+                    objective, loss = weighted_loss(model, ids, mask, weights)
                 norm = _optimize(model, opt, objective)
                 step += 1
                 log(
@@ -389,7 +403,8 @@ def pretrain_copy(model, tokenizer, streams: list[list[int]], cfg: SftConfig, lo
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, steps, t.warmup_steps, t.lr)
             batch = [copy_example(rng.choice(streams), rng) for _ in range(t.copy_batch_size)]
-            objective, _ = weighted_loss(model, *collate(batch, tokenizer.pad_token_id))
+            with _precision(model, cfg):
+                objective, _ = weighted_loss(model, *collate(batch, tokenizer.pad_token_id))
             _optimize(model, opt, objective)
             log({"copy_step": step + 1, "copy_loss": round(float(objective.detach()), 5)})
             advance(loss=float(objective.detach()))
@@ -406,6 +421,8 @@ def check_sft(cfg: SftConfig, out: Path) -> None:
     """Refuse an output directory in use and settings that cannot train, naming the key."""
     if out.exists() and any(out.iterdir()):
         raise FlywheelError(f"{out}: exists and is not empty; choose another --out")
+    resolve_device(cfg.model.device, "[model] device")
+    resolve_dtype(cfg.model.dtype, "[model] dtype")
     if not 0 <= cfg.train.context_weight < 1:
         raise FlywheelError(
             f"train.context_weight = {cfg.train.context_weight}: must be at least 0 and below 1 "
@@ -442,7 +459,7 @@ def new_tiny_model(cfg: SftConfig, work: Path, texts: list[str]):
         max_token_chars=m.max_token_chars,
         split_symbols=m.split_symbols,
     )
-    engine = load_torch_model(f"hf:{work}")
+    engine = load_torch_model(f"hf:{work}", device=cfg.model.device)
     _train_top(engine.model, cfg.train.train_layers)
     return engine
 
@@ -456,7 +473,7 @@ def run_sft(cfg: SftConfig, out: Path) -> Path:
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     engine = (
-        load_torch_model(cfg.model.init) if cfg.model.init else None
+        load_torch_model(cfg.model.init, device=cfg.model.device) if cfg.model.init else None
     )  # first: a bad train_layers costs no work
     if engine is not None:
         _train_top(engine.model, cfg.train.train_layers)
