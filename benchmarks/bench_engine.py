@@ -15,7 +15,14 @@ sibling slow every op down by an order of magnitude, which drowns the comparison
 always run with the same thread count. The engine shares the prompts' common prefix (the chat template's
 system prompt here) across the batch; `generate` prefills every row in full. Both are in the timings.
 
+`--dtype bfloat16` loads the weights in bfloat16 for both sides (the engine's KV cache follows; its
+sampling stays float32); the bandwidth bound then counts the halved weight bytes. `--device cuda` runs both
+sides on the GPU (`auto`: the GPU when one is visible); the copy bandwidth is then the GPU memory's, each
+timing waits for the GPU to finish, and `--threads` only sets the host's threads.
+
     .venv/bin/python benchmarks/bench_engine.py --out /tmp/bench_engine.json
+    .venv/bin/python benchmarks/bench_engine.py --dtype bfloat16 --models tiny
+    python benchmarks/bench_engine.py --device cuda --dtype bfloat16 --models smollm2-135m --batches 1,64
 """
 
 from __future__ import annotations
@@ -29,11 +36,12 @@ from pathlib import Path
 
 import torch
 
-from flywheel.models.hf import load_hf
+from flywheel.models.hf import DEVICES, DTYPES, load_hf, resolve_device
 from flywheel.models.tiny import build_tiny_model
 from flywheel.models.torch_engine import TorchEngine, render_prompt
 from flywheel.protocols import Request
 
+CPU = torch.device("cpu")
 TOPICS = [
     "a stack",
     "binary search",
@@ -62,14 +70,22 @@ def tiny_model_dir(root: Path) -> Path:
     return build_tiny_model(root / "tiny256", texts, vocab_size=2048, hidden=256, layers=4, heads=4)
 
 
-def copy_bandwidth(mb: int = 512, repeats: int = 5) -> float:
-    """Bytes read + written per second by a large tensor copy (best of `repeats`)."""
-    src = torch.ones(mb * 2**20 // 4)
+def sync(device: torch.device) -> None:
+    """Wait for the GPU's queued work (nothing on the CPU), so that a timing covers it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(mb: int = 512, repeats: int = 5, device: torch.device = CPU) -> float:
+    """Bytes read + written per second by a large tensor copy on `device` (best of `repeats`)."""
+    src = torch.ones(mb * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
     best = float("inf")
     for _ in range(repeats):
+        sync(device)
         t0 = time.perf_counter()
         dst.copy_(src)
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return 2 * src.numel() * 4 / best
 
@@ -88,8 +104,10 @@ def run_engine(engine: TorchEngine, convs, new_tokens: int) -> float:
         Request(messages=c, max_tokens=new_tokens, temperature=1.0, top_p=0.95, seed=i)
         for i, c in enumerate(convs)
     ]
+    sync(engine.model.device)
     t0 = time.perf_counter()
     out = engine.generate(reqs)
+    sync(engine.model.device)
     wall = time.perf_counter() - t0
     assert all(c.completion_tokens == new_tokens for c in out), [c.error for c in out]
     return len(convs) * new_tokens / wall
@@ -103,6 +121,8 @@ def run_generate(model, tokenizer, convs, new_tokens: int, pad_id: int) -> float
     for j, r in enumerate(rows):
         ids[j, width - len(r) :] = torch.tensor(r)
         mask[j, width - len(r) :] = 1
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    sync(model.device)
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
@@ -116,15 +136,23 @@ def run_generate(model, tokenizer, convs, new_tokens: int, pad_id: int) -> float
             min_new_tokens=new_tokens,
             pad_token_id=pad_id,
         )
+    sync(model.device)
     wall = time.perf_counter() - t0
     assert out.shape[1] - width == new_tokens
     return len(convs) * new_tokens / wall
 
 
 def bench_model(
-    label: str, path: Path, batches: list[int], new_tokens: int, bandwidth: float, repeats: int
+    label: str,
+    path: Path,
+    batches: list[int],
+    new_tokens: int,
+    bandwidth: float,
+    repeats: int,
+    dtype: str = "float32",
+    device: torch.device = CPU,
 ) -> list[dict]:
-    model, tokenizer = load_hf(path)
+    model, tokenizer = load_hf(path, dtype=DTYPES[dtype], device=device)
     engine = TorchEngine(model, tokenizer, name=label, ignore_eos=True, max_batch=max(batches))
     run_engine(engine, prompts(2), 4)  # warm-up
     run_generate(model, tokenizer, prompts(2), 4, engine.pad_id)
@@ -139,6 +167,8 @@ def bench_model(
         row = {
             "model": label,
             "batch": b,
+            "dtype": dtype,
+            "device": device.type,
             "new_tokens": new_tokens,
             "engine_tok_s": eng,
             "generate_tok_s": gen,
@@ -172,14 +202,20 @@ def main() -> None:
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--models", default="tiny,smollm2-135m")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", choices=list(DTYPES), default="float32", help="weights of both sides")
+    ap.add_argument("--device", choices=DEVICES, default="cpu", help="where both sides run")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     batches = [int(b) for b in args.batches.split(",")]
-    bandwidth = copy_bandwidth()
-    print(f"copy bandwidth {bandwidth / 1e9:.2f} GB/s (read + write), {args.threads} threads")
+    device = resolve_device(args.device, "--device")
+    bandwidth = copy_bandwidth(device=device)
+    print(
+        f"copy bandwidth {bandwidth / 1e9:.2f} GB/s (read + write), {args.threads} threads, {args.dtype}, "
+        f"{device.type}"
+    )
     print(
         f"{'model':14s} {'batch':>5s} {'engine/s':>10s} {'generate/s':>10s} {'speedup':>8s} {'weightMB':>8s} {'bound/s':>9s} {'of bound':>7s}"
     )
@@ -192,10 +228,14 @@ def main() -> None:
                 from flywheel.models.hf import smollm2_dir
 
                 path = smollm2_dir()
-            rows += bench_model(name, path, batches, args.new_tokens, bandwidth, args.repeats)
+            rows += bench_model(
+                name, path, batches, args.new_tokens, bandwidth, args.repeats, args.dtype, device
+            )
     result = {
         "copy_bandwidth_gb_s": bandwidth / 1e9,
         "threads": args.threads,
+        "dtype": args.dtype,
+        "device": device.type,
         "repeats": args.repeats,
         "rows": rows,
     }

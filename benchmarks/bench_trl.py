@@ -27,6 +27,13 @@ with the 1-minute load average sampled at every step.
 
     .venv/bin/python benchmarks/bench_trl.py --steps 3 --threads 2
 
+Device and precision: `--device` (`cpu`, the default, `cuda` or `auto`) and `--dtype` (`float32`, the
+default, or `bfloat16`) apply to both sides. With bfloat16, TRL trains in its own mixed precision
+(`bf16=True`: float32 weights, forwards under autocast, generation included); ours as a run with
+`[model] dtype = "bfloat16"` does (`flywheel.rl.train.make_trainer`): the engine generates from a bfloat16
+copy of the weights that the trainer refreshes after each update, and the trainer keeps float32 master
+weights and autocasts. On a GPU every timing waits for the GPU's queued work first.
+
 Needs `trl` (`pip install trl`); without it the script prints one line and exits 2.
 """
 
@@ -41,7 +48,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 PROMPTS, GROUP, NEW_TOKENS = 2, 8, 64
 TEMPERATURE, TOP_P = 1.0, 0.95
@@ -131,19 +137,30 @@ def build_model_dir(root: Path, intermediate: int) -> tuple[Path, int]:
 class Ours:
     """One Flywheel pipeline: its own model copy, rollout engine and trainer."""
 
-    def __init__(self, model_dir: Path, optim: str, lr: float, work: list[dict[str, str]]):
-        from flywheel.models.hf import load_hf
+    def __init__(
+        self,
+        model_dir: Path,
+        optim: str,
+        lr: float,
+        work: list[dict[str, str]],
+        device: str = "cpu",
+        dtype: str = "float32",
+    ):
+        from flywheel.models.hf import DTYPES, load_hf
         from flywheel.models.torch_engine import TorchEngine
-        from flywheel.rl.config import OptimConfig, RolloutConfig, RunConfig
+        from flywheel.rl.config import ModelConfig, OptimConfig, RolloutConfig, RunConfig
         from flywheel.rl.trainer import Trainer
 
-        model, tokenizer = load_hf(model_dir)
+        model, tokenizer = load_hf(model_dir, dtype=DTYPES[dtype], device=device)
         self.engine = TorchEngine(model, tokenizer, ignore_eos=True, seed=0)
+        if dtype != "float32":  # float32 master weights beside the engine's copy, as make_trainer does
+            model, _ = load_hf(model_dir, device=device)
         cfg = RunConfig(
+            model=ModelConfig(device=device, dtype=dtype),
             optim=OptimConfig(kind=optim, lr=lr, grad_clip=1.0),
             rollout=RolloutConfig(temperature=TEMPERATURE, top_p=TOP_P, group_size=GROUP),
         )
-        self.trainer = Trainer(model, tokenizer, cfg, lambdas={})
+        self.trainer = Trainer(model, tokenizer, cfg, lambdas={}, engine=self.engine)
         self.work, self.step_no = work, 0
         self.times: list[dict[str, float]] = []
 
@@ -171,10 +188,12 @@ class Ours:
         rewards = [fix_reward(c.text, w["fix"]) for c, w in zip(completions, fixes, strict=True)]
         successes = tie_break([r > 0 for r in rewards], GROUP)
         records = [
-            record(c, w, s, self.engine.name) for c, w, s in zip(completions, fixes, successes, strict=True)
+            record(c, w, s, self.engine.name, i)
+            for i, (c, w, s) in enumerate(zip(completions, fixes, successes, strict=True))
         ]
         metrics, _ = self.trainer.step(records)
         self.engine.model.eval()
+        sync()
         t2 = time.perf_counter()
         self.step_no += 1
         row = {
@@ -189,8 +208,19 @@ class Ours:
         return row
 
 
-def record(c, w: dict[str, str], success: bool, model: str) -> dict[str, Any]:
-    """A single-turn trajectory record, as the trainer reads it."""
+def sync() -> None:
+    """Wait for the GPU's queued work, if a GPU is in use, so that a timing covers it."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def record(c, w: dict[str, str], success: bool, model: str, index: int):
+    """A single-turn graded `Trajectory`, as the trainer reads it."""
+    from flywheel.protocols import Verdict
+    from flywheel.record import Trajectory
+
     turns = [
         {"role": "user", "content": w["prompt"]},
         {
@@ -202,24 +232,36 @@ def record(c, w: dict[str, str], success: bool, model: str) -> dict[str, Any]:
             "kept": c.kept,
         },
     ]
-    return {
-        "turns": turns,
-        "success": success,
-        "effort": "medium",
-        "task_id": w["task_id"],
-        "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens},
-        "model": model,
-        "cost": 0.0,
-        "n_turns": 1,
-        "verdict": {"cheat": False},
-    }
+    return Trajectory(
+        id=f"{w['task_id']}/medium/s0/{index % GROUP}",
+        task_id=w["task_id"],
+        effort="medium",
+        index=index % GROUP,
+        model=model,
+        turns=turns,
+        n_turns=1,
+        prompt_tokens=c.prompt_tokens,
+        completion_tokens=c.completion_tokens,
+        verdict=Verdict(w["task_id"], success=success),
+        success=success,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ TRL
 
 
-def make_trl(model_dir: Path, out_dir: Path, work: list[dict[str, str]], lr: float, steps: int, callback):
-    """A GRPOTrainer doing the same work: 2 prompts x 8 completions of 64 tokens per step, CPU, no vLLM."""
+def make_trl(
+    model_dir: Path,
+    out_dir: Path,
+    work: list[dict[str, str]],
+    lr: float,
+    steps: int,
+    callback,
+    device: str = "cpu",
+    dtype: str = "float32",
+):
+    """A GRPOTrainer doing the same work: 2 prompts x 8 completions of 64 tokens per step, no vLLM; on the
+    CPU unless `device` is `cuda`, in mixed precision when `dtype` is bfloat16."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -235,8 +277,8 @@ def make_trl(model_dir: Path, out_dir: Path, work: list[dict[str, str]], lr: flo
     )
     args = GRPOConfig(
         output_dir=str(out_dir),
-        use_cpu=True,
-        bf16=False,
+        use_cpu=device == "cpu",
+        bf16=dtype == "bfloat16",
         fp16=False,
         report_to="none",
         save_strategy="no",
@@ -295,9 +337,11 @@ def make_callback(ours: list[Ours]):
             self.times: list[dict[str, float]] = []
 
         def on_step_begin(self, args, state, control, **kw):
+            sync()
             self.generation, self.t0 = 0.0, time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
+            sync()
             total = time.perf_counter() - self.t0
             self.times.append(
                 {
@@ -354,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         help="MLP width: 1024 gives the 16.8M parameters of the reference figure; 688 gives 15.7M",
     )
     ap.add_argument("--no-muon", action="store_true", help="time Flywheel with AdamW only")
+    ap.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu", help="both sides run here")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="see the docstring")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = ap.parse_args(argv)
     if importlib.util.find_spec("trl") is None:
@@ -367,19 +413,23 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     import trl
 
+    from flywheel.models.hf import resolve_device
     from flywheel.models.torch_engine import render_prompt
     from flywheel.protocols import Request
 
+    device = resolve_device(args.device, "--device").type
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
     work = load_work()
     with tempfile.TemporaryDirectory(prefix="bench_trl.") as tmp:
         model_dir, n_params = build_model_dir(Path(tmp), args.intermediate)
-        ours = [Ours(model_dir, "adamw", args.lr, work)]
+        ours = [Ours(model_dir, "adamw", args.lr, work, device, args.dtype)]
         if not args.no_muon:
-            ours.append(Ours(model_dir, "muon", args.lr, work))
+            ours.append(Ours(model_dir, "muon", args.lr, work, device, args.dtype))
         callback = make_callback(ours)
-        trainer = make_trl(model_dir, Path(tmp) / "trl", work, args.lr, args.steps + 1, callback)
+        trainer = make_trl(
+            model_dir, Path(tmp) / "trl", work, args.lr, args.steps + 1, callback, device, args.dtype
+        )
         prompt_lens = [
             len(
                 render_prompt(
@@ -391,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}; "
             f"{n_params / 1e6:.1f}M parameters; prompt tokens {prompt_lens}; threads {args.threads}; "
-            f"fast engine: {ours[0].engine.fast}",
+            f"{device}, {args.dtype}; fast engine: {ours[0].engine.fast}",
             flush=True,
         )
         trainer.train()
@@ -414,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         payload = {
             "trl_version": trl.__version__,
             "threads": args.threads,
+            "device": device,
+            "dtype": args.dtype,
             "params": n_params,
             "load_start": load_start,
             "load_end": load_end,
