@@ -8,7 +8,7 @@ types exchanged across a seam live here too, so that a reader sees every contrac
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -78,6 +78,9 @@ class Request:
     tools: list[dict[str, Any]] | None = None  # OpenAI function-tool schema, for native tool calling
     seed: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # episode context (task dir, ids) for oracles/logs
+    # called with each token id as it is sampled, by models that generate token by token (the torch engine),
+    # from their generating thread; others never call it (`flywheel serve` streams with it)
+    on_token: Callable[[int], None] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass

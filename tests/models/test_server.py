@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -19,6 +20,7 @@ from flywheel.models.server import (
     check_completions,
     parse_chat_request,
     serve_model,
+    settled,
 )
 from flywheel.protocols import Completion, Request
 
@@ -350,3 +352,62 @@ def test_sdk_logprobs_and_token_ids_from_the_torch_engine(sdk, engine):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == choice.message.content
     assert [t.logprob for t in chunks[-1].choices[0].logprobs.content] == [t.logprob for t in content]
     assert client.chat.completions.create(**ask).choices[0].logprobs is None  # only when asked for
+
+
+class Gated:
+    """The engine, holding its batch after the first token until the test has read a streamed chunk."""
+
+    def __init__(self, engine):
+        self.engine, self.name, self.tokenizer = engine, "gated", engine.tokenizer
+        self.read, self.waited = threading.Event(), []
+
+    def generate(self, requests):
+        for r in requests:
+            if r.on_token is not None:
+                r.on_token = self._gate(r.on_token)
+        return self.engine.generate(requests)
+
+    def _gate(self, send):
+        def on_token(token):
+            send(token)
+            if not self.waited:
+                self.waited.append(self.read.wait(timeout=60))
+
+        return on_token
+
+
+def test_a_stream_starts_while_the_engine_is_still_generating(sdk, engine):
+    gated = Gated(engine)
+    client = sdk(gated)
+    ask = {"model": "tiny", "messages": [{"role": "user", "content": "add"}], "max_tokens": 12, "seed": 3}
+    stream = iter(client.chat.completions.create(**ask, stream=True))
+    first = next(stream)
+    gated.read.set()
+    rest = list(stream)
+    assert first.choices[0].delta.role == "assistant"
+    assert gated.waited == [True]  # read while the engine held its batch after the first token
+    whole = client.chat.completions.create(**ask).choices[0]
+    assert "".join(c.choices[0].delta.content or "" for c in rest) == whole.message.content
+    assert rest[-1].choices[0].finish_reason == whole.finish_reason
+
+
+def test_engine_hands_each_token_to_on_token_as_it_samples(engine):
+    seen = []
+    [c] = engine.generate(
+        [Request([{"role": "user", "content": "add"}], max_tokens=12, seed=3, on_token=seen.append)]
+    )
+    assert seen == c.token_ids and seen
+
+
+@pytest.mark.parametrize(
+    "text,stops,sent",
+    [
+        ("return a + b", [], "return a + b"),
+        ("return a <sub", ["<submit/>"], "return a "),  # may still become the stop string
+        ("return a <submit/> more", ["<submit/>"], "return a "),
+        ("caf\ufffd", [], "caf"),  # an incomplete character waits for its next token
+        ("a <b", ["<x>", "<b>"], "a "),
+    ],
+)
+def test_settled_holds_back_what_may_become_a_stop(text, stops, sent):
+    assert settled(text, stops) == sent

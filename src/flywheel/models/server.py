@@ -17,8 +17,12 @@ Design:
   `tool_calls` (ids, JSON-string arguments), `finish_reason` "tool_calls" when the model called tools,
   and `usage`. When the request offers `tools` and the model wrote its action as text (tagged, or a
   fenced shell block), `served` turns it into a call of an offered tool first (`toolcalls`).
-- `"stream": true`: the whole answer is generated, then sent as server-sent events (`stream_chunks`, pure,
-  derived from the `chat_response` object so both agree), in chunked transfer encoding (keep-alive stays).
+- `"stream": true`: server-sent events in chunked transfer encoding (keep-alive stays). One answer
+  without `tools` from a model that samples token by token (the torch engine, through `Request.on_token`)
+  streams live: each chunk is the text its tokens decode to so far, holding back what may still become a
+  stop string (`settled`). Otherwise (tools offered, whose calls are parsed from the finished text; `n` >
+  1; models without a tokenizer) the whole answer is generated, then sent as chunks (`stream_chunks`,
+  pure, derived from the `chat_response` object so both agree).
 - `"logprobs": true`: `choices[i].logprobs.content` (token, logprob) and the non-standard
   `choices[i].token_ids` / `prompt_token_ids`, when the model returns them (the torch engine does).
 
@@ -37,8 +41,8 @@ model's context (code `context_length_exceeded`, as vLLM answers; a Completion w
 `finish_reason="context"` and nothing generated); 404 for unknown paths; 413 for a body over
 `max_body_bytes`; 500 when the model raises or returns `Completion.error` (clients retry 5xx).
 
-Departures from the OpenAI API: a stream starts only when generation has ended (no token-by-token
-latency gain), and a choice's log-probs come in its last chunk; `top_logprobs` lists are empty; `n` up to `max_n` (copies of the request in
+Departures from the OpenAI API: a stream with tools offered or `n` > 1 starts only when generation has
+ended (no token-by-token latency gain), and a choice's log-probs come in its last chunk; `top_logprobs` lists are empty; `n` up to `max_n` (copies of the request in
 the batch, seeds offset by the copy's index); a generation cut short by the context limit after it has
 produced text ends with `finish_reason="length"`, the nearest standard value; the request's `model` field
 is not checked (the server serves one model); the non-standard field `flywheel_meta` (an object) becomes
@@ -365,6 +369,17 @@ def stream_chunks(response: dict[str, Any], include_usage: bool = False) -> list
     return chunks
 
 
+def settled(text: str, stops: Sequence[str]) -> str:
+    """The part of a growing answer that can be sent: cut at a stop string it holds, and without a tail
+    that may yet become one, or that ends in an incomplete character (decoded as U+FFFD)."""
+    text = text.rstrip("\ufffd")
+    for stop in stops:
+        if stop and stop in text:
+            text = text[: text.index(stop)]
+    tail = max((k for stop in stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0)
+    return text[: len(text) - tail]
+
+
 def _pieces(text: str) -> list[str]:
     """`text` in pieces of one word and the space after it ("".join gives `text` back)."""
     return [p for p in re.findall(r"\S*\s*", text) if p]
@@ -519,6 +534,10 @@ class ModelServer(ThreadingHTTPServer):
         self.batcher = Batcher(model, self.config.batch_window_s, self.config.max_batch, between)
         tokenizer = getattr(model, "tokenizer", None)  # the torch engine's: names the tokens of log-probs
         self.decode = (lambda i: tokenizer.decode([i])) if tokenizer is not None else None
+        # token ids to text, for live streams: models that call `Request.on_token` have a tokenizer
+        self.detokenize = (
+            (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer is not None else None
+        )
 
     @property
     def port(self) -> int:
@@ -583,12 +602,13 @@ class _Handler(BaseHTTPRequestHandler):
             raise bad_request(f"the request body is not valid JSON: {e}") from None
         requests = parse_chat_request(body, self.server.config.max_n)
         answer = parse_answer(body)
+        if answer.stream and self.server.detokenize and len(requests) == 1 and not requests[0].tools:
+            self._stream_live(requests[0], answer)
+            return
         completions = self.server.batcher.submit(requests)
         check_completions(completions)
         completions = [served(c, requests[0].tools) for c in completions]
-        response = chat_response(
-            self.server.model_name, completions, logprobs=answer.logprobs, decode=self.server.decode
-        )
+        response = self._response(completions, answer)
         if answer.stream:
             self._send_events(stream_chunks(response, answer.include_usage))
         else:
@@ -625,17 +645,112 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_events(self, chunks: list[dict[str, Any]]) -> None:
         """Server-sent events, one `data:` line per chunk and `data: [DONE]`, in chunked transfer encoding."""
         try:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for event in [*(json.dumps(c) for c in chunks), "[DONE]"]:
-                data = f"data: {event}\n\n".encode()
-                self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
-            self.wfile.write(b"0\r\n\r\n")
+            self._start_events()
+            for c in chunks:
+                self._event(c)
+            self._end_events()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _start_events(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _event(self, event: dict[str, Any] | str) -> None:
+        data = f"data: {event if isinstance(event, str) else json.dumps(event)}\n\n".encode()
+        self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _end_events(self) -> None:
+        self._event("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _stream_live(self, request: Request, answer: Answer) -> None:
+        """Stream one answer token by token as the model samples it (`Request.on_token`), for models that
+        do; the text of each chunk is what the tokens decode to so far, less a tail that may still turn
+        into a stop string or an incomplete character. The last chunk carries the finish reason (and the
+        log-probs and token ids, when asked for), made from the finished completion as `chat_response`
+        makes it; a model that never calls `on_token` streams its whole answer at the end. Errors before
+        the first token are answered as JSON errors, after it as an `error` event."""
+        tokens: queue.Queue[int | None] = queue.Queue()
+        request.on_token = tokens.put
+        result: Future = Future()
+
+        def generate() -> None:
+            try:
+                result.set_result(self.server.batcher.submit([request]))
+            except BaseException as e:  # the handler thread raises it
+                result.set_exception(e)
+            finally:
+                tokens.put(None)
+
+        threading.Thread(target=generate, name="flywheel-stream", daemon=True).start()
+        first = tokens.get()
+        if first is None:  # ended before any token: an error, or a model that does not stream
+            completions = result.result()
+            check_completions(completions)
+            self._send_events(stream_chunks(self._response(completions, answer), answer.include_usage))
+            return
+        head = {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "created": int(time.time()),
+            "model": self.server.model_name,
+        }
+        if self.server.follower is not None:  # weights change only between batches: this one's version
+            head["policy_version"] = self.server.follower.version
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, **extra}
+            return {**head, "object": "chat.completion.chunk", "choices": [choice]}
+
+        try:
+            self._start_events()
+            self._event(chunk({"role": "assistant", "content": ""}))
+            ids, sent = [first], ""
+            while (token := tokens.get()) is not None:
+                ids.append(token)
+                text = settled(self.server.detokenize(ids), request.stop)
+                if len(text) > len(sent) and text.startswith(sent):
+                    self._event(chunk({"content": text[len(sent) :]}))
+                    sent = text
+            try:
+                completions = result.result()
+                check_completions(completions)
+            except ApiError as e:
+                self._event(e.body())
+                self._end_events()
+                return
+            response = self._response(completions, answer, head)
+            choice = response["choices"][0]
+            final = choice["message"]["content"] or ""
+            if final.startswith(sent) and len(final) > len(sent):
+                self._event(chunk({"content": final[len(sent) :]}))
+            extra = {k: choice[k] for k in ("logprobs", "token_ids") if k in choice}
+            self._event(chunk({}, choice["finish_reason"], **extra))
+            if answer.include_usage:
+                self._event(
+                    {**head, "object": "chat.completion.chunk", "choices": [], "usage": response["usage"]}
+                )
+            self._end_events()
+        except (BrokenPipeError, ConnectionResetError):  # the client left; the batch finishes without it
+            request.on_token = None
+            self.close_connection = True
+
+    def _response(
+        self, completions: list[Completion], answer: Answer, head: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        head = head or {}
+        return chat_response(
+            self.server.model_name,
+            completions,
+            created=head.get("created"),
+            response_id=head.get("id"),
+            logprobs=answer.logprobs,
+            decode=self.server.decode,
+        )
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)

@@ -398,6 +398,7 @@ class TorchEngine:
         while True:
             s = sample_step(logits, batch.temperature, batch.top_p, batch.uniforms[:, step]).cpu()
             batch.record(step, s)
+            _announce(batch.seqs, s.tokens)
             finished = self._finished(batch, step, s.tokens, eos)
             for j in (j for j, f in enumerate(finished) if f):  # row j holds its prompt and tokens 0..step-1
                 runner.remember(j, batch.seqs[j].prompt + batch.token_buf[batch.rows[j], :step].tolist())
@@ -439,6 +440,19 @@ class TorchEngine:
         lo = max(0, step + 1 - stop_window(stops))
         tail = batch.token_buf[batch.rows[j], lo : step + 1].tolist()
         return cut_at_stop(self.tokenizer.decode(tail, skip_special_tokens=True), stops)[1]
+
+
+def _announce(seqs: list[_Seq], tokens: torch.Tensor) -> None:
+    """Hand each sequence's new token to its request's `on_token`, where it has one; a callback that raises
+    (a client gone) is dropped, never the batch's generation."""
+    if not any(s.request.on_token for s in seqs):
+        return
+    for seq, token in zip(seqs, tokens.tolist(), strict=True):
+        if seq.request.on_token is not None:
+            try:
+                seq.request.on_token(token)
+            except Exception:
+                seq.request.on_token = None
 
 
 @dataclass
