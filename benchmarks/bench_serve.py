@@ -7,9 +7,9 @@ streamed ones (`stream: true`), every request the same task message at temperatu
 `--max-tokens`. The server batches what arrives together, so the figure to compare is requests per second
 against one client's: `--clients 1` gives the baseline in the same run.
 
-Streaming: the server generates the whole answer and then sends it as server-sent events, so the time to
-the first streamed content is the whole generation's (no token-by-token latency gain; see the serving
-section of docs/configuration.md).
+Streaming: from the torch engine the server sends each token's text as it is sampled, so the time to the
+first streamed content is about one batch's prefill and first step, not the whole generation (compare it
+with the whole answer's latency in the same run; docs/configuration.md, "Serving").
 
     .venv/bin/python benchmarks/bench_serve.py --model toybugs-sweep --seconds 30
 """
