@@ -166,6 +166,11 @@ def test_fusion_pairs_are_taken(repo, use_model, capsys):
         (["--repo", "{repo}", "--model", "scripted", "--effort", "huge", "fix"], "effort"),
         (["--repo", "{repo}", "--model", "scripted", "--out", "{repo}", "fix"], "exists"),
         (["--repo", "{repo}", "--lead", "scripted", "fix"], "--sidekick"),
+        (["--repo", "{repo}", "--model", "scripted-sweep", "fix"], "replay a task's reference fix"),
+        (
+            ["--repo", "{repo}", "--lead", "scripted-lead", "--sidekick", "toybugs-sweep", "fix"],
+            "--lead scripted-lead",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, fragment, repo, tmp_path, capsys):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from flywheel.models import SPECS
+from flywheel.models import SCRIPTED
 
 if TYPE_CHECKING:
     from flywheel.eval.solve import SolveResult
@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 def solve(
     instruction: str = typer.Argument(..., help="What the agent should do, in words."),
     repo: Path = typer.Option(..., "--repo", help="The repository to work on (its copy, without .git)."),
-    model: str = typer.Option(None, "--model", help=f"{SPECS}."),
+    model: str = typer.Option(
+        None, "--model", help="hf:PATH, smollm2-135m, toybugs-sweep or openai:NAME (not a scripted model)."
+    ),
     lead: str = typer.Option(None, "--lead", help="Fusion: the lead's model; needs --sidekick."),
     sidekick: str = typer.Option(None, "--sidekick", help="Fusion: the sidekick's model, run by `delegate`."),
     effort: str = typer.Option("medium", "--effort", help="Effort level: medium, high or max."),
@@ -53,6 +55,12 @@ def solve(
         raise FlywheelError("give --model, or --lead and --sidekick (Fusion)")
     get_effort(effort)
     check_inputs(repo, instruction, out)
+    for role, spec in (("--model", model), ("--lead", lead), ("--sidekick", sidekick)):
+        if spec in (*SCRIPTED, "scripted-lead"):
+            raise FlywheelError(
+                f"{role} {spec}: the scripted models replay a task's reference fix, and a repository has none; "
+                "use a trained model (toybugs-sweep, hf:DIR) or openai:NAME"
+            )
     policy, cfg = _policy(lead or model, base_url, seed, temperature, 1.0, 1, action_format)
     runner = None
     if sidekick:
