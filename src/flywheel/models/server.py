@@ -51,11 +51,13 @@ is not checked (the server serves one model); the non-standard field `flywheel_m
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import queue
 import re
+import socket
 import sys
 import threading
 import time
@@ -369,6 +371,24 @@ def stream_chunks(response: dict[str, Any], include_usage: bool = False) -> list
     return chunks
 
 
+# a live stream sends what its tokens decode to at most this often: one wake-up, one decode and one chunk
+# per interval rather than per token keeps 16 streams from slowing the engine (they share its GIL)
+STREAM_EVERY_S = 0.03
+
+
+def _drain(tokens: queue.Queue[int | None], ids: list[int]) -> bool:
+    """Append to `ids` the next token (waiting for it) and every one already queued after it; False once
+    the end mark (None) has been taken."""
+    token = tokens.get()
+    while token is not None:
+        ids.append(token)
+        try:
+            token = tokens.get_nowait()
+        except queue.Empty:
+            return True
+    return False
+
+
 def settled(text: str, stops: Sequence[str]) -> str:
     """The part of a growing answer that can be sent: cut at a stop string it holds, and without a tail
     that may yet become one, or that ends in an incomplete character (decoded as U+FFFD)."""
@@ -529,6 +549,8 @@ class ModelServer(ThreadingHTTPServer):
         self.model, self.config, self.follower = model, config or ServerConfig(), follower
         self.model_name = self.config.model_name or model.name
         self.created = int(time.time())
+        self._conns: dict[Any, threading.Thread] = {}  # open connections and the threads handling them
+        self._conns_lock = threading.Lock()
         super().__init__((host, port), _Handler)
         between = follower.update if follower is not None else None
         self.batcher = Batcher(model, self.config.batch_window_s, self.config.max_batch, between)
@@ -561,11 +583,33 @@ class ModelServer(ThreadingHTTPServer):
         pause = self.follower.updates[-1][1] if self.follower.updates else None
         return {"status": "ok", "policy_version": self.follower.version, "last_pause_s": pause}
 
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """Handle one connection (a thread of its own), known to `close` while it is open."""
+        with self._conns_lock:
+            self._conns[request] = threading.current_thread()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._conns_lock:
+                self._conns.pop(request, None)
+
     def close(self) -> None:
-        """Stop serving (when `serve_forever` runs in another thread), free the port, stop the batcher."""
+        """Stop serving (when `serve_forever` runs in another thread), free the port, stop the batcher.
+
+        Open connections (clients keep them alive between requests) are shut and their threads joined:
+        a handler thread still waiting on its socket when the interpreter exits is ended inside a blocking
+        call, which aborts the process ("terminate called without an active exception")."""
         self.shutdown()
-        self.server_close()
         self.batcher.close()
+        with self._conns_lock:
+            conns = dict(self._conns)
+        for conn in conns:
+            with contextlib.suppress(OSError):  # already closed by its client
+                conn.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + 5
+        for thread in conns.values():
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.server_close()
         if self.follower is not None:
             self.follower.close()
 
@@ -709,9 +753,10 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             self._start_events()
             self._event(chunk({"role": "assistant", "content": ""}))
-            ids, sent = [first], ""
-            while (token := tokens.get()) is not None:
-                ids.append(token)
+            ids, sent, more = [first], "", True
+            while more:
+                time.sleep(STREAM_EVERY_S)
+                more = _drain(tokens, ids)  # every token that came meanwhile: one decode and one chunk
                 text = settled(self.server.detokenize(ids), request.stop)
                 if len(text) > len(sent) and text.startswith(sent):
                     self._event(chunk({"content": text[len(sent) :]}))
