@@ -33,7 +33,6 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -47,6 +46,7 @@ from flywheel.harness.cost import Pricing, pricing_for
 from flywheel.harness.effort import Effort
 from flywheel.harness.prompts import RESUME_HEAD, SUMMARY_PROMPT, resume_message, system_prompt, task_message
 from flywheel.harness.tools import ToolResult, Tools
+from flywheel.harness.workspaces import new_workspace
 from flywheel.models.actions import (
     STOP,
     TOOL_NAMES,
@@ -193,7 +193,7 @@ def start_episode(
 ) -> Episode:
     """A fresh episode on its own copy of the task's repository (or in `spec.workspace`); one whose copy
     failed has already ended (`sandbox_error`)."""
-    ws = spec.workspace or Path(tempfile.mkdtemp(prefix="flywheel-ep-")) / "repo"
+    ws = spec.workspace or new_workspace() / "repo"
     tools = Tools(spec.task, ws, sandbox, cfg.command_timeout_s)
     try:
         if spec.workspace is None:
