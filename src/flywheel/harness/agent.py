@@ -46,7 +46,7 @@ from flywheel.harness.cost import Pricing, pricing_for
 from flywheel.harness.effort import Effort
 from flywheel.harness.prompts import RESUME_HEAD, SUMMARY_PROMPT, resume_message, system_prompt, task_message
 from flywheel.harness.tools import ToolResult, Tools
-from flywheel.harness.workspaces import new_workspace
+from flywheel.sandbox.workspaces import new_workspace
 from flywheel.models.actions import (
     STOP,
     TOOL_NAMES,

@@ -36,7 +36,6 @@ import os
 import secrets
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -127,12 +126,13 @@ def grade(
 ) -> Verdict:
     """Grade the finished `workspace` against `task` on a fresh copy; errors become a failed Verdict."""
     from flywheel.sandbox import get_sandbox
+    from flywheel.sandbox.workspaces import new_workspace
 
     start = time.perf_counter()
     sandbox = sandbox or get_sandbox()
     signatures = detector(task, Path(workspace)) if detector else []
-    with tempfile.TemporaryDirectory(prefix="flywheel-grade-") as tmp:
-        root = Path(tmp)
+    root = new_workspace("grade-")
+    try:
         ws, grader_dir, report_dir = root / "workspace", root / "grader", root / "report"
         grader_dir.mkdir()
         report_dir.mkdir()
@@ -159,6 +159,8 @@ def grade(
             extra_rw={report_dir: Path("/report")},
         )
         outcomes, error = read_report(report_dir, key, result.exit_code)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     if result.timed_out:
         outcomes, error = {}, f"tests timed out after {task.timeout_s:g} s"
     f2p, p2p = decide(task, outcomes)

@@ -14,17 +14,17 @@ import pytest
 
 HOLDER = """
 import time
-from flywheel.harness.workspaces import new_workspace
+from flywheel.sandbox.workspaces import new_workspace
 ws = new_workspace()
 (ws / "repo").mkdir()
 (ws / "repo" / "a.py").write_text("x = 1\\n")
 print(ws, flush=True)
 time.sleep(600)
 """
-SWEEPER = "from flywheel.harness.workspaces import new_workspace; print(new_workspace())"
+SWEEPER = "from flywheel.sandbox.workspaces import new_workspace; print(new_workspace())"
 FORKER = """
 import os
-from flywheel.harness.workspaces import new_workspace
+from flywheel.sandbox.workspaces import new_workspace
 print(new_workspace(), flush=True)
 if os.fork() == 0:
     print(new_workspace(), flush=True)

@@ -1,8 +1,8 @@
-"""Episode workspaces that a killed process does not leave behind.
+"""Workspaces that a killed process does not leave behind.
 
-An episode's workspace is removed when the episode is graded; a process killed before then (SIGKILL of a
-pool worker, a user's Ctrl-C of a training run) would leave its workspaces in the temp dir for good. So each
-process puts its workspaces in a directory of its own, `flywheel-episodes-<pid>-<random>/`, and holds an
+An episode's workspace is removed when the episode is graded, and the grader's copy when the grading run
+ends; a process killed before then (SIGKILL of a pool worker, a user's Ctrl-C of a training run) would
+leave them in the temp dir for good. So each process puts its workspaces in a directory of its own, `flywheel-episodes-<pid>-<random>/`, and holds an
 exclusive `flock` on the `.lock` file inside for as long as it lives: the kernel drops the lock when the
 process dies, however it dies. The next process to make its directory sweeps its siblings: one whose lock
 it can take has no owner left, and is removed. This relies on `flock`, not on pids, so it holds across pid
@@ -43,9 +43,10 @@ _guard = threading.Lock()
 _owned: _Owned | None = None
 
 
-def new_workspace() -> Path:
-    """A fresh empty directory for one episode, inside this process's own directory; the caller removes it."""
-    return Path(tempfile.mkdtemp(prefix="ep-", dir=_process_dir()))
+def new_workspace(prefix: str = "ep-") -> Path:
+    """A fresh empty directory (for an episode, or a grading run: `prefix`) inside this process's own
+    directory; the caller removes it."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_process_dir()))
 
 
 def _process_dir() -> Path:
