@@ -46,7 +46,6 @@ from flywheel.harness.cost import Pricing, pricing_for
 from flywheel.harness.effort import Effort
 from flywheel.harness.prompts import RESUME_HEAD, SUMMARY_PROMPT, resume_message, system_prompt, task_message
 from flywheel.harness.tools import ToolResult, Tools
-from flywheel.sandbox.workspaces import new_workspace
 from flywheel.models.actions import (
     STOP,
     TOOL_NAMES,
@@ -60,6 +59,7 @@ from flywheel.models.actions import (
 from flywheel.protocols import Completion, Grader, Model, Request, Sandbox, Verdict
 from flywheel.record import Trajectory
 from flywheel.sandbox import get_sandbox
+from flywheel.sandbox.workspaces import new_workspace
 from flywheel.seeding import stable_seed
 from flywheel.tasks.format import Task
 from flywheel.verify import default_grader
