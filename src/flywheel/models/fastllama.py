@@ -30,6 +30,9 @@ Why it is faster than calling the HF modules with a `DynamicCache`:
   prompt starts with a stored sequence; only the tokens after the longest stored match are prefilled
   (`prefill_after`), on top of the stored keys and values (`cache_from`). Multi-turn rollouts prefill
   mostly what is new.
+- Speculative decoding (`flywheel.models.speculative`) feeds a row several tokens at once and reads every
+  position's logits (`prefill_after(..., every=True)`), then rolls the cache back past the tokens it
+  rejected (`truncate`).
 
 Weights: every call reads the parameters of the HF modules it is given (`layer.self_attn.q_proj.weight`
 and so on), so an optimizer that updates the model in place between calls is seen by the next call. The
@@ -241,9 +244,12 @@ def cache_from(model, prefixes: list[tuple[torch.Tensor, torch.Tensor] | None], 
     return cache
 
 
-def prefill_after(model, cache: KVCache, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def prefill_after(
+    model, cache: KVCache, input_ids: torch.Tensor, mask: torch.Tensor, every: bool = False
+) -> torch.Tensor:
     """Run left-padded `input_ids` [B, S] after what each row of `cache` already holds (`cache_from`);
-    positions continue from `cache.next_pos`. Returns the last position's logits [B, vocab]."""
+    positions continue from `cache.next_pos`. Returns the last position's logits [B, vocab] (`every`: the
+    logits of every position [B, S, vocab], as speculative decoding's verification needs)."""
     held, width = cache.length, input_ids.shape[1]
     real = mask.bool()
     cache.valid[:, held : held + width] = real
@@ -252,9 +258,20 @@ def prefill_after(model, cache: KVCache, input_ids: torch.Tensor, mask: torch.Te
     causal = cols.unsqueeze(0) <= cols.unsqueeze(1)
     attend = causal & (real.unsqueeze(1) | torch.eye(width, dtype=torch.bool, device=real.device))
     before = cache.valid[:, None, :held].expand(-1, width, -1)
-    logits = forward(model, cache, input_ids, positions, torch.cat([before, attend], dim=2).unsqueeze(1))
+    logits = forward(
+        model, cache, input_ids, positions, torch.cat([before, attend], dim=2).unsqueeze(1), every=every
+    )
     cache.next_pos = cache.next_pos + real.long().sum(-1)
     return logits
+
+
+def truncate(cache: KVCache, length: int) -> None:
+    """Roll `cache` back to its first `length` columns: what it held before the tokens fed after them (the
+    keys and values left in the dropped columns are masked out and overwritten by the next tokens)."""
+    dropped = cache.valid[:, length : cache.length]
+    cache.next_pos = cache.next_pos - dropped.long().sum(-1)
+    dropped.fill_(False)
+    cache.length = min(cache.length, length)
 
 
 def row_kv(cache: KVCache, row: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -344,8 +361,10 @@ def forward(
     positions: torch.Tensor,
     attend: torch.Tensor,
     logits: bool = True,
+    every: bool = False,
 ) -> torch.Tensor | None:
-    """Write `ids` [B, S] into columns `cache.length ...` and return the last position's logits [B, V].
+    """Write `ids` [B, S] into columns `cache.length ...` and return the last position's logits [B, V]
+    (`every`: every position's, [B, S, V]).
 
     `attend` [B, 1, S, length + S] is True where a query may attend to a key column.
     """
@@ -361,7 +380,7 @@ def forward(
     cache.length = start + ids.shape[1]
     if not logits:
         return None
-    h = _rms_norm(x[:, -1], inner.norm)
+    h = _rms_norm(x if every else x[:, -1], inner.norm)
     return F.linear(h, model.lm_head.weight, getattr(model.lm_head, "bias", None)).float()
 
 

@@ -55,6 +55,15 @@ the token picked are computed in float32 whatever the weights' dtype (recorded l
 engine stay comparable with the trainer's float32 replay). Sampling runs on the logits' device; each
 step's tokens, log-probs and kept sets come back to the CPU, where the decode loop keeps its buffers.
 
+Speculative decoding (`draft=`, `draft_tokens=`; `flywheel.models.speculative`): a draft, `layers:N` (the
+model's own first N layers) or an HF causal LM with the same vocabulary, proposes `draft_tokens` tokens;
+the model verifies them in one forward and keeps them by rejection sampling, so each emitted token is
+drawn from the distribution above and its log-prob and kept set are the model's own, computed by
+`distribution` (the same nucleus). With a draft, requests run one at a time (batch 1) on the fast path;
+greedy tokens are the plain loop's, a seeded request's sampled tokens differ from the plain loop's (its
+uniforms are consumed differently) but follow the same distribution. `spec_stats` counts target steps
+(verify forwards), proposed and accepted draft tokens, and emitted tokens. Without a draft nothing changes.
+
 The fallback template (a tokenizer without a chat template) renders each message as
 `<|role|>\\ncontent\\n` and ends with `<|assistant|>\\n`.
 """
@@ -65,6 +74,7 @@ import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -72,7 +82,8 @@ import torch
 
 from flywheel.errors import FlywheelError
 from flywheel.models.fastllama import LlamaRunner, PrefixStore, unsupported
-from flywheel.models.hf import resolve_device, resolve_dtype
+from flywheel.models.hf import load_hf, resolve_device, resolve_dtype
+from flywheel.models.speculative import Dist, LayerSkip, Round, Speculation, check_vocabulary
 from flywheel.protocols import Completion, Request
 
 ENGINE_OPTIONS = {
@@ -84,6 +95,8 @@ ENGINE_OPTIONS = {
     "eos_ids",
     "fast",
     "prefix_cache_mb",
+    "draft",
+    "draft_tokens",
 }
 TOPK_FIRST = 256  # nucleus search width before falling back to a full sort
 WIDE_NUCLEUS = 2048  # kept sets wider than this are put in id order by marking, not sorting
@@ -255,6 +268,35 @@ def _sample_nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tenso
     return tok, lp, ids, n
 
 
+def distribution(logits: torch.Tensor, temperature: float, top_p: float) -> Dist:
+    """The distributions `sample_step` draws from, whole, for the rows of `logits` [n, V] at one request's
+    temperature and top-p: probabilities zero outside the nucleus and renormalised over it, and the nucleus
+    (speculative decoding's p and q). A token's log-prob is the log of its probability here: 0 for greedy,
+    `log(p / nucleus mass)` as `sample_step` records it."""
+    rows, greedy = logits.shape[0], temperature <= 0
+    temp = torch.full((rows, 1), 1.0 if greedy else float(temperature), device=logits.device)
+    scaled = logits.float() / temp
+    logz = torch.logsumexp(scaled, dim=-1)
+    if not greedy and top_p >= 1.0:
+        return Dist(torch.exp(scaled - logz.unsqueeze(1)), None)
+    keep = nucleus_mask(
+        scaled, logz, torch.full((rows,), 0.0 if greedy else float(top_p), device=logits.device)
+    )
+    probs = torch.where(keep, torch.exp(scaled - logz.unsqueeze(1)), 0.0)
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    return Dist(probs, keep)
+
+
+def nucleus_mask(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The nucleus of each row as a [n, V] boolean mask (`nucleus`, else `wide_nucleus`)."""
+    found = nucleus(scaled, logz, top_p)
+    if found is None:
+        return wide_nucleus(scaled, logz, top_p)[0]
+    _, ids, n, _ = found
+    inside = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) < n.unsqueeze(1)
+    return torch.zeros_like(scaled, dtype=torch.bool).scatter_(1, ids.long(), inside)
+
+
 # ----------------------------------------------------------------------------------------- stop strings
 
 
@@ -304,6 +346,8 @@ class TorchEngine:
         eos_ids: Sequence[int] | None = None,
         fast: bool = True,
         prefix_cache_mb: int = 512,
+        draft: str | None = None,
+        draft_tokens: int = 4,
     ) -> None:
         self.name = name
         self.model = model.eval()
@@ -323,6 +367,10 @@ class TorchEngine:
             self.rng.seed()
         else:
             self.rng.manual_seed(seed)
+        # speculative decoding (flywheel.models.speculative): requests one at a time, `draft_tokens` per round
+        self.draft_tokens = draft_tokens
+        self.draft = self._load_draft(draft) if draft else None
+        self.spec_stats = dict.fromkeys(("target_steps", "proposed", "accepted", "tokens"), 0)
 
     # -- public
 
@@ -336,9 +384,9 @@ class TorchEngine:
             else:
                 todo.append(item)
         todo.sort(key=lambda s: len(s.prompt))
-        for start in range(0, len(todo), self.max_batch):
-            chunk = todo[start : start + self.max_batch]
-            done.update(self._run_chunk(chunk))
+        size = 1 if self.draft is not None else self.max_batch
+        for start in range(0, len(todo), size):
+            done.update(self._run_chunk(todo[start : start + size]))
         return [done[i] for i in range(len(requests))]
 
     # -- preparation and results
@@ -364,7 +412,10 @@ class TorchEngine:
     def _run_chunk(self, chunk: list[_Seq]) -> dict[int, Completion]:
         try:
             with torch.inference_mode():
-                self._decode(chunk)
+                if self.draft is not None:
+                    self._decode_speculative(chunk[0])
+                else:
+                    self._decode(chunk)
         except Exception as exc:  # e.g. out of memory: every request of the batch records it
             return {s.index: _error(f"generation failed: {type(exc).__name__}: {exc}") for s in chunk}
         return {s.index: self._completion(s) for s in chunk}
@@ -438,8 +489,65 @@ class TorchEngine:
     def _hit_stop(self, batch: _Batch, j: int, step: int) -> bool:
         stops = batch.seqs[j].request.stop
         lo = max(0, step + 1 - stop_window(stops))
-        tail = batch.token_buf[batch.rows[j], lo : step + 1].tolist()
+        return self._ends_in_stop(batch.token_buf[batch.rows[j], lo : step + 1].tolist(), stops)
+
+    def _ends_in_stop(self, tokens: list[int], stops: Sequence[str]) -> bool:
+        """Whether the decoded tail of `tokens` holds one of `stops`."""
+        tail = tokens[-stop_window(stops) :]
         return cut_at_stop(self.tokenizer.decode(tail, skip_special_tokens=True), stops)[1]
+
+    # -- speculative decoding (flywheel.models.speculative)
+
+    def _load_draft(self, spec: str):
+        if not self.fast:
+            raise FlywheelError(
+                f"draft '{spec}': speculative decoding needs the fast Llama forward ({self.slow_reason})"
+            )
+        if self.draft_tokens < 1:
+            raise FlywheelError(f"draft_tokens must be >= 1, got {self.draft_tokens}")
+        return load_draft(spec, self.model, self.tokenizer)
+
+    def _decode_speculative(self, seq: _Seq) -> None:
+        """Generate `seq` alone, a round of up to `draft_tokens` proposals at a time, each round's tokens
+        checked one by one for EOS, stop strings and the budget (what follows the end is dropped)."""
+        req = seq.request
+        spec = Speculation(
+            self.model,
+            self.draft,
+            seq.prompt,
+            seq.budget,
+            dist=lambda logits: distribution(logits, req.temperature, req.top_p),
+            rng=_request_rng(req.seed, self.rng),
+            store=self.prefix_store,
+        )
+        eos = set() if self.ignore_eos else set(self.eos_ids)
+        while seq.finish is None:
+            # a round emits at most k + 1 tokens: never propose past the budget
+            r = spec.round(min(self.draft_tokens, seq.budget - len(seq.tokens) - 1))
+            for token, logprob, kept in zip(r.tokens, r.logprobs, r.kept, strict=True):
+                seq.tokens.append(token)
+                seq.logprobs.append(logprob)
+                seq.kept.append(kept)
+                _announce([seq], torch.tensor([token]))
+                if self._spec_finished(seq, eos):
+                    break
+            self._count(r)
+        seq.n = len(seq.tokens)
+        spec.remember(seq.prompt + seq.tokens[:-1])  # what the target was fed, as the plain loop stores it
+
+    def _spec_finished(self, seq: _Seq, eos: set[int]) -> bool:
+        if seq.tokens[-1] in eos or (seq.request.stop and self._ends_in_stop(seq.tokens, seq.request.stop)):
+            seq.finish = "stop"
+        elif len(seq.tokens) >= seq.budget:
+            seq.finish = seq.limit_reason
+        return seq.finish is not None
+
+    def _count(self, r: Round) -> None:
+        stats = self.spec_stats
+        stats["target_steps"] += 1
+        stats["proposed"] += r.proposed
+        stats["accepted"] += r.accepted
+        stats["tokens"] += len(r.tokens)
 
 
 def _announce(seqs: list[_Seq], tokens: torch.Tensor) -> None:
@@ -580,6 +688,13 @@ class HFRunner:
         return out.logits[:, -1].float()
 
 
+def _request_rng(seed: int | None, rng: torch.Generator) -> torch.Generator:
+    """A request's own generator: seeded with `seed`, else with a draw from the engine's `rng`."""
+    if seed is None:
+        seed = int(torch.randint(2**62, (1,), generator=rng))
+    return torch.Generator().manual_seed(int(seed))
+
+
 def _uniforms(seed: int | None, steps: int, rng: torch.Generator) -> torch.Tensor:
     if seed is None:
         return torch.rand(steps, generator=rng)
@@ -630,6 +745,23 @@ def torch_model_dir(spec: str):
     raise FlywheelError(f"unknown torch model '{spec}' (use hf:PATH, {SMOLLM2} or {', '.join(BASES)})")
 
 
+def load_draft(spec: str, model, tokenizer):
+    """The draft `spec` names for speculative decoding of `model`: `layers:N` (`LayerSkip`: the model's own
+    first N layers), or an HF causal LM (`hf:PATH`, a directory, `smollm2-135m`, a shipped base) with
+    `tokenizer`'s vocabulary, loaded in `model`'s dtype on its device."""
+    if spec.startswith("layers:"):
+        if not spec[7:].isdigit():
+            raise FlywheelError(f"draft '{spec}': use layers:N with N a number of decoder layers")
+        return LayerSkip(model, int(spec[7:]))
+    path = spec if Path(spec).is_dir() else torch_model_dir(spec)
+    draft, draft_tokenizer = load_hf(path, dtype=model.dtype, device=model.device)
+    check_vocabulary(spec, model, tokenizer, draft, draft_tokenizer)
+    why = unsupported(draft)
+    if why:
+        raise FlywheelError(f"draft '{spec}': speculative decoding needs the fast Llama forward ({why})")
+    return draft
+
+
 def load_torch_model(spec: str, **opts: Any) -> TorchEngine:
     """A `TorchEngine` for `hf:PATH` (an HF-format directory), `smollm2-135m` or a shipped base.
 
@@ -637,10 +769,8 @@ def load_torch_model(spec: str, **opts: Any) -> TorchEngine:
     the default, `"cuda"` or `"auto"`: CUDA when a GPU is visible), `context` (alias of `max_context`), and
     `TorchEngine`'s `max_context`, `max_batch`, `ignore_eos`, `seed`, `name`, `eos_ids` (replaces the
     tokenizer's and generation config's EOS ids), `fast` (False: always the model's own forward, never
-    `fastllama`).
+    `fastllama`), `prefix_cache_mb`, `draft` and `draft_tokens` (speculative decoding: `load_draft`).
     """
-    from flywheel.models.hf import load_hf
-
     dtype = resolve_dtype(opts.pop("dtype", torch.float32))
     device = resolve_device(opts.pop("device", "cpu"))
     if "context" in opts:

@@ -32,6 +32,8 @@ class ModelConfig:
     prefix_cache_mb: int = 512  # keys and values of earlier turns kept for the next turn's prompt (0: off)
     device: str = "auto"  # "auto" (CUDA when a GPU is visible, else the CPU), "cpu" or "cuda"
     dtype: str = "float32"  # or "bfloat16": engine weights and KV cache; training autocasts (float32 master)
+    draft: str = ""  # speculative decoding's draft ("": none): `layers:N` or a model with the same vocabulary
+    draft_tokens: int = 4  # tokens the draft proposes per round (with a draft, requests run one at a time)
 
     def __post_init__(self) -> None:
         resolve_device(self.device, "[model] device")  # "cuda" without a visible GPU is refused here

@@ -85,7 +85,7 @@ def model_spec(path: str) -> str:
 
 def load_engine(cfg: RunConfig, spec: str = ""):
     """The run's torch engine on `spec` (default: the run's base model) with the `[model]` settings: device,
-    dtype, context (no prefix cache for a deterministic Fusion run: see the module docstring)."""
+    dtype, context, draft (no prefix cache for a deterministic Fusion run: see the module docstring)."""
     from flywheel.models.torch_engine import load_torch_model
 
     return load_torch_model(
@@ -95,6 +95,8 @@ def load_engine(cfg: RunConfig, spec: str = ""):
         max_context=cfg.model.max_context,
         seed=cfg.seed,
         prefix_cache_mb=0 if cfg.fusion and cfg.deterministic else cfg.model.prefix_cache_mb,
+        draft=cfg.model.draft or None,
+        draft_tokens=cfg.model.draft_tokens,
     )
 
 

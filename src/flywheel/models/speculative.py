@@ -1,0 +1,253 @@
+"""Exact speculative decoding for the in-process engine: a small draft proposes, the target decides.
+
+`TorchEngine(..., draft=..., draft_tokens=k)` generates each request alone through `Speculation`, one
+round at a time (speculative sampling: Leviathan et al. 2023, Chen et al. 2023):
+1. The draft proposes k tokens d_1..d_k, each drawn from q_i: the draft's next-token distribution after the
+   same temperature and top-p transformation the engine applies to the target.
+2. The target scores the context's last token and d_1..d_k in one forward over its KV cache, giving
+   p_1..p_{k+1}: the distributions the engine samples from at those positions (after temperature and the
+   top-p renormalisation).
+3. d_i is accepted with probability min(1, p_i(d_i) / q_i(d_i)), in order. At the first rejection the token
+   is drawn from normalise(max(0, p_i - q_i)) instead and the round ends; when all k are accepted one more
+   token is drawn from p_{k+1}. A round emits 1 to k+1 tokens for one target forward (`speculate`, a pure
+   function over probability vectors and uniforms).
+4. Both caches are rolled back past the rejected positions (`fastllama.truncate`).
+
+Why it is exact: a token reaches position i either as an accepted proposal, with probability
+q(x) min(1, p(x)/q(x)) = min(q(x), p(x)), or through a rejection, with probability
+(1 - sum_y min(q(y), p(y))) max(0, p(x) - q(x)) / sum_y max(0, p(y) - q(y)) = p(x) - min(q(x), p(x)); the
+two add up to p(x). So every emitted token is drawn from the target's own distribution at its position,
+whatever the draft, and the draft's quality decides only how many tokens a round emits. Where p is zero
+(outside the target's nucleus) a proposal is always rejected and the residual never draws it; where q is
+zero the residual puts p's mass back.
+
+What the Completion records is the target's: each emitted token's log-prob is log p(x) at its position and
+its kept set is the target's nucleus there, both computed from the verification forward by the engine's own
+`distribution` (the same `nucleus` as `sample_step`), which is what the non-speculative engine records, up
+to float rounding (the verify forward runs k+1 positions at once where the plain loop runs one). q serves
+only the accept test; the trainer never sees it.
+
+Greedy (temperature 0): p and q are point masses at the argmaxes, so a proposal is accepted exactly when it
+is the target's argmax and a rejection emits the target's argmax: the tokens are the non-speculative
+engine's (a near tie between two logits could in principle resolve otherwise under the different summation
+order of the verify forward).
+
+Random numbers: each round draws 2k+1 uniforms from the request's own generator (seeded with
+`Request.seed`, else from a draw of the engine's generator): k for the draft's samples, k for the accept
+tests, one for the final token. A seeded request is reproducible run to run with the same draft and
+`draft_tokens`; its tokens differ from the non-speculative engine's for the same seed (the uniforms are
+consumed differently), while the distribution they are drawn from is the same.
+
+Drafts (`draft=`):
+- `layers:N`: `LayerSkip`, the target's first N decoder layers, its final norm and its head
+  (self-speculation). It shares the target's weights, so in-place updates reach it; it costs no training
+  and no memory beyond its own KV cache.
+- an HF causal LM (`hf:PATH`, a directory, `smollm2-135m`, a shipped base) whose token ids mean the
+  target's: its tokenizer's vocabulary and its `vocab_size` must equal the target's, else one
+  `FlywheelError` (`check_vocabulary`). It is loaded in the target's dtype on its device and stays fixed;
+  a stale draft costs speed, never exactness.
+
+What is not covered: batching (with a draft, requests are generated one at a time: batch 1 is where
+decoding is bound by reading the weights and verifying k+1 positions costs about one step); models the
+fast Llama forward cannot run (`fastllama.unsupported`), as target or draft, are refused; the draft does
+not use the prefix store (the target does, as in the plain loop); `k` is fixed, not adapted to the
+acceptance rate.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from flywheel.errors import FlywheelError
+from flywheel.models.fastllama import LlamaRunner, PrefixStore, decode, prefill_after, reserve, truncate
+
+
+@dataclass
+class Dist:
+    """Sampling distributions, one per row: what the engine draws the token at each position from."""
+
+    probs: torch.Tensor  # [n, V] float32: zero outside the nucleus, each row sums to 1
+    keep: torch.Tensor | None  # [n, V] bool: the nucleus; None: the full vocabulary
+
+    def logprobs(self, tokens: list[int]) -> list[float]:
+        """The log-prob of `tokens[i]` under row i: what a token drawn there records."""
+        rows, at = torch.arange(len(tokens)), torch.tensor(tokens)
+        return self.probs[rows.to(self.probs.device), at.to(self.probs.device)].log().tolist()
+
+    def kept(self, row: int) -> list[int] | None:
+        """The nucleus of `row` as token ids in id order (None: the full vocabulary)."""
+        return None if self.keep is None else self.keep[row].nonzero().squeeze(1).tolist()
+
+
+# ------------------------------------------------------------------------------------- the decision
+
+
+def pick(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Draw from each row of `probs` [..., V] (not necessarily normalised) by inverse CDF at `u` [...] in
+    [0, 1): ids [...]. A token of probability zero is never drawn."""
+    cdf = torch.cumsum(probs, dim=-1)
+    at = (u * cdf[..., -1]).unsqueeze(-1).contiguous()
+    return torch.searchsorted(cdf, at, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """normalise(max(0, p - q)) per row; `p` itself where that has no mass (p == q up to rounding, where a
+    rejection has probability zero but for rounding)."""
+    r = (p - q).clamp(min=0)
+    mass = r.sum(dim=-1, keepdim=True)
+    return torch.where(mass > 0, r / mass.clamp(min=torch.finfo(r.dtype).tiny), p)
+
+
+def speculate(
+    p: torch.Tensor, q: torch.Tensor, proposed: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One round's decision: (accepted, token), batched over any leading dimensions.
+
+    `p` [..., k+1, V]: the target's distributions at the k proposed positions and the one after; `q`
+    [..., k, V]: the draft's, from which `proposed` [..., k] were drawn; `u` [..., k+1]: uniforms in [0, 1),
+    the first k for the accept tests, the last for the token drawn. `accepted` [...] is j, the number of
+    leading proposals kept; `token` [...] follows them: drawn from normalise(max(0, p_j - q_j)) when
+    proposal j (0-based) was rejected, from p_k when all k were accepted.
+    """
+    k = proposed.shape[-1]
+    at = proposed.unsqueeze(-1)
+    p_at = p[..., :k, :].gather(-1, at).squeeze(-1)
+    q_at = q.gather(-1, at).squeeze(-1)
+    ok = u[..., :k] * q_at < p_at  # u < p/q: accepted with probability min(1, p/q)
+    accepted = ok.long().cumprod(dim=-1).sum(dim=-1)
+    q_after = F.pad(q, (0, 0, 0, 1))  # no proposal after the k-th: its residual is p_k itself
+    row = accepted[..., None, None].expand(*accepted.shape, 1, p.shape[-1])
+    final = residual(p.gather(-2, row).squeeze(-2), q_after.gather(-2, row).squeeze(-2))
+    return accepted, pick(final, u[..., k])
+
+
+# -------------------------------------------------------------------------------------------- drafts
+
+
+class LayerSkip:
+    """The target's first `layers` decoder layers, its final norm and its head, as a draft: a view that
+    `fastllama` runs like a `LlamaForCausalLM`, sharing the target's modules (and so its weights)."""
+
+    def __init__(self, model, layers: int) -> None:
+        total = model.config.num_hidden_layers
+        if not 1 <= layers <= total:
+            raise FlywheelError(
+                f"draft 'layers:{layers}': the target has {total} decoder layers (use 1 to {total})"
+            )
+        self.model, self.lm_head = model.model, model.lm_head
+        self.config = copy.copy(model.config)
+        self.config.num_hidden_layers = layers  # `fastllama.forward` runs `model.layers[:num_hidden_layers]`
+
+
+def check_vocabulary(spec: str, target, tokenizer, draft, draft_tokenizer) -> None:
+    """Refuse a draft whose token ids do not mean what the target's do (tokenizer vocabulary and the
+    model's `vocab_size` must both be the target's)."""
+    ours, theirs = tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    sizes = (target.config.vocab_size, draft.config.vocab_size)
+    if ours == theirs and sizes[0] == sizes[1]:
+        return
+    differ = len(set(ours.items()) ^ set(theirs.items()))
+    raise FlywheelError(
+        f"draft '{spec}': its vocabulary is not the target's ({len(theirs)} tokens against {len(ours)}, "
+        f"{differ} (token, id) pairs differ; model vocab_size {sizes[1]} against {sizes[0]}): a draft must "
+        f"use the target's tokenizer"
+    )
+
+
+# ----------------------------------------------------------------------------------------- one sequence
+
+
+@dataclass
+class Round:
+    """What one round emitted, with what the target recorded for each token."""
+
+    tokens: list[int]  # the accepted proposals, then the target's token
+    logprobs: list[float]  # log p of each at its position
+    kept: list[list[int] | None]  # the target's nucleus at each (None: the full vocabulary)
+    proposed: int
+    accepted: int
+
+
+class Speculation:
+    """One sequence decoded speculatively: the target's and the draft's KV caches, the context, the uniforms.
+
+    Between rounds the target's cache holds the context without its last token; the draft's holds a prefix
+    of that (the tokens it has not seen are fed with its next proposal). `dist` turns logits [n, V] into the
+    engine's sampling distributions (`torch_engine.distribution` at the request's temperature and top-p).
+    """
+
+    def __init__(
+        self,
+        target,
+        draft,
+        prompt: list[int],
+        steps: int,
+        dist: Callable[[torch.Tensor], Dist],
+        rng: torch.Generator,
+        store: PrefixStore | None = None,
+    ) -> None:
+        self.dist, self.rng = dist, rng
+        self.context = list(prompt)
+        self.target = _prefilled(LlamaRunner(target, steps + 1, store), prompt)
+        self.draft = _prefilled(LlamaRunner(draft, steps), prompt)
+
+    def round(self, k: int) -> Round:
+        """Propose `k` tokens (0: plain decoding), verify them in one target forward, emit 1 to k+1."""
+        u = torch.rand(2 * k + 1, generator=self.rng).to(self.draft.device)
+        proposed, q = self._propose(k, u[:k])
+        n = len(self.context)
+        last = torch.tensor([self.context[-1]], device=proposed.device)
+        p = self.dist(_extend(self.target, torch.cat([last, proposed]), every=True))
+        q = p.probs[:0] if q is None else q
+        accepted, token = speculate(p.probs, q, proposed, u[k:])
+        j, token, *drafted = torch.cat([accepted.view(1), token.view(1), proposed]).tolist()
+        tokens = [*drafted[:j], token]
+        truncate(self.target.cache, n + j)  # it holds context + proposals: keep the accepted ones
+        truncate(self.draft.cache, n + j)
+        self.context += tokens
+        return Round(tokens, p.logprobs(tokens), [p.kept(i) for i in range(j + 1)], k, j)
+
+    def remember(self, ids: list[int]) -> None:
+        """Keep the target's keys and values of `ids` (a prefix of the context) in its prefix store."""
+        truncate(self.target.cache, len(ids))
+        self.target.remember(0, ids)
+
+    def _propose(self, k: int, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """k tokens drawn from the draft, one forward each, and their distributions q [k, V]."""
+        device = self.draft.device
+        if k == 0:
+            return torch.empty(0, dtype=torch.long, device=device), None
+        unseen = self.context[self.draft.cache.length :]
+        logits = _extend(self.draft, torch.tensor(unseen))
+        tokens, qs = [], []
+        for i in range(k):
+            qs.append(self.dist(logits.unsqueeze(0)).probs[0])
+            tokens.append(pick(qs[-1], u[i]))
+            if i + 1 < k:
+                logits = _extend(self.draft, tokens[-1].view(1))
+        return torch.stack(tokens), torch.stack(qs)
+
+
+def _prefilled(runner: LlamaRunner, prompt: list[int]) -> LlamaRunner:
+    """`runner` with the prompt's keys and values but its last token's (fed with the first round)."""
+    ids = torch.tensor([prompt])
+    runner.prefill(ids, torch.ones_like(ids))
+    assert runner.cache is not None
+    truncate(runner.cache, runner.cache.length - 1)
+    return runner
+
+
+def _extend(runner: LlamaRunner, ids: torch.Tensor, every: bool = False) -> torch.Tensor:
+    """Feed `ids` [S] after what `runner`'s one row holds: the last position's logits [V] (`every`: each
+    position's, [S, V])."""
+    assert runner.cache is not None
+    runner.cache = reserve(runner.cache, ids.numel())
+    ids = ids.to(runner.device).unsqueeze(0)
+    if ids.shape[1] == 1 and not every:
+        return decode(runner.model, runner.cache, ids[0])[0]
+    return prefill_after(runner.model, runner.cache, ids, torch.ones_like(ids), every=every)[0]
