@@ -160,9 +160,10 @@ def bench_model(
     repeats: int,
     dtype: str = "float32",
     device: torch.device = CPU,
+    pack: bool = True,
 ) -> list[dict]:
     model, tokenizer = load_hf(path, dtype=DTYPES[dtype], device=device)
-    engine = TorchEngine(model, tokenizer, name=label, ignore_eos=True, max_batch=max(batches))
+    engine = TorchEngine(model, tokenizer, name=label, ignore_eos=True, max_batch=max(batches), pack=pack)
     run_engine(engine, prompts(2), 4)  # warm-up
     run_generate(model, tokenizer, prompts(2), 4, engine.pad_id)
     wbytes = weight_bytes(model)
@@ -267,6 +268,12 @@ def main() -> None:
     ap.add_argument("--draft-tokens", type=int, default=4, help="tokens the draft proposes per round")
     ap.add_argument("--spec-prompts", type=int, default=4, help="requests of the --draft comparison")
     ap.add_argument("--temperature", type=float, default=1.0, help="of the --draft comparison (0: greedy)")
+    ap.add_argument(
+        "--pack",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the engine's packed matrices on the CPU (--no-pack: the modules' own weights)",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -315,7 +322,7 @@ def main() -> None:
                 )
                 continue
             rows += bench_model(
-                name, path, batches, args.new_tokens, bandwidth, args.repeats, args.dtype, device
+                name, path, batches, args.new_tokens, bandwidth, args.repeats, args.dtype, device, args.pack
             )
     result = {
         "copy_bandwidth_gb_s": bandwidth / 1e9,
@@ -323,6 +330,7 @@ def main() -> None:
         "dtype": args.dtype,
         "device": device.type,
         "repeats": args.repeats,
+        "pack": args.pack,
         "rows": rows,
     }
     if args.out:

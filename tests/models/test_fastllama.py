@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -65,27 +67,63 @@ def hf_last_logits(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     return model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("which,shared", [("tiny", 0), ("gqa", 0), ("tiny", 5), ("gqa", 5)])
-def test_prefill_and_decode_logits_match_hf(which, shared, tiny, gqa_model):
+def test_prefill_and_decode_logits_match_hf(which, shared, packed, tiny, gqa_model):
     model = tiny[0] if which == "tiny" else gqa_model
     assert fastllama.unsupported(model) is None
+    mats = fastllama.pack_weights(model) if packed else None
     vocab = model.config.vocab_size
     lengths = [9, 4, 1, 7] if not shared else [9, 6, 7, 12]
     ids, mask = left_padded(lengths, vocab, shared=shared)
     assert fastllama.common_prefix(ids, mask) == (shared or 0)
     cache = fastllama.new_cache(model, ids.shape[0], capacity=ids.shape[1] + 1)  # forces one growth below
     with torch.inference_mode():
-        got = fastllama.prefill(model, cache, ids, mask)
+        got = fastllama.prefill(model, cache, ids, mask, mats)
         torch.testing.assert_close(got, hf_last_logits(model, ids, mask), atol=ATOL, rtol=0)
         g = torch.Generator().manual_seed(3)
         for _ in range(5):  # decode steps against a fresh full forward over the whole sequence
             new = torch.randint(3, vocab, (ids.shape[0],), generator=g)
             cache = fastllama.reserve(cache, 1)
-            got = fastllama.decode(model, cache, new)
+            got = fastllama.decode(model, cache, new, mats)
             ids = torch.cat([ids, new[:, None]], dim=1)
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             torch.testing.assert_close(got, hf_last_logits(model, ids, mask), atol=ATOL, rtol=0)
     assert cache.capacity >= ids.shape[1] and cache.length == ids.shape[1]
+
+
+def test_the_packed_matrices_are_remade_only_when_the_weights_change(gqa_model):
+    cached = fastllama.WeightsCache(gqa_model)
+    assert fastllama.packable(gqa_model) is None and cached.pack
+    first = cached.refresh()
+    assert first is not None and cached.refresh() is first  # unchanged weights: the same copies
+    bias = gqa_model.model.layers[1].self_attn.k_proj.bias
+    saved = bias.detach().clone()
+    try:
+        bias.data.add_(0.25)  # not seen by the version counter; the sums see it
+        second = cached.refresh()
+        assert second is not first
+        ids, mask = left_padded([5, 3], gqa_model.config.vocab_size, seed=6)
+        with torch.inference_mode():
+            got = fastllama.prefill(gqa_model, fastllama.new_cache(gqa_model, 2, 8), ids, mask, second)
+            torch.testing.assert_close(got, hf_last_logits(gqa_model, ids, mask), atol=ATOL, rtol=0)
+    finally:
+        bias.data.copy_(saved)
+    assert fastllama.WeightsCache(gqa_model, pack=False).refresh() is None
+    assert fastllama.packable(copy.deepcopy(gqa_model).half()) == "dtype torch.float16"
+
+
+def test_engine_tokens_are_the_same_with_and_without_packed_matrices(tiny):
+    model, tokenizer = tiny
+    packed = TorchEngine(model, tokenizer, eos_ids=[], prefix_cache_mb=0)
+    plain = TorchEngine(model, tokenizer, eos_ids=[], prefix_cache_mb=0, pack=False)
+    assert packed.weights.pack and not plain.weights.pack
+    sampled = [
+        Request(messages=r.messages, max_tokens=8, temperature=1.0, top_p=0.9, seed=i)
+        for i, r in enumerate(requests())
+    ]
+    for a, b in zip(packed.generate(sampled), plain.generate(sampled), strict=True):
+        assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
 def test_select_rows_keeps_the_kept_rows_exact(gqa_model):

@@ -218,6 +218,21 @@ def test_sample_step_mixed_rows_and_wide_nucleus():
     assert math.isclose(s.logprobs[1].item(), full[s.tokens[1]].item(), abs_tol=1e-5)
 
 
+def test_each_row_takes_its_own_nucleus_path_whatever_shares_its_batch():
+    g = torch.Generator().manual_seed(5)
+    peaked = torch.randn(20000, generator=g) * 6.0  # the nucleus fits in the first top-k
+    flat = torch.randn(20000, generator=g) * 0.05  # most of the vocabulary: `wide_nucleus`
+    temp, top_p, u = torch.ones(2), torch.full((2,), 0.9), torch.tensor([0.4, 0.4])
+    both = sample_step(torch.stack([peaked, flat]), temp, top_p, u)
+    alone = sample_step(peaked.unsqueeze(0), temp[:1], top_p[:1], u[:1])
+    assert both.kept_rows.tolist() == [0] and both.wide_rows.tolist() == [1]
+    assert both.tokens[0] == alone.tokens[0] and both.logprobs[0] == alone.logprobs[0]
+    assert both.kept_n[0] == alone.kept_n[0] and alone.wide_rows is None
+    scaled = flat.unsqueeze(0)
+    want, _ = torch_engine.wide_nucleus(scaled, torch.logsumexp(scaled, dim=-1), top_p[:1])
+    assert torch.equal(both.wide_mask[0], want[0]) and bool(want[0, both.tokens[1]])
+
+
 def test_cut_at_stop_takes_the_earliest():
     assert cut_at_stop("abc STOP def END", ["END", "STOP"]) == ("abc ", True)
     assert cut_at_stop("abc", ["x", ""]) == ("abc", False)

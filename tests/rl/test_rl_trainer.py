@@ -234,4 +234,6 @@ def test_packed_and_padded_steps_give_the_same_update(engine):
     engine.model.load_state_dict(state)
     assert after[True][1]["grad_norm"] == pytest.approx(after[False][1]["grad_norm"], rel=1e-4)
     assert after[True][1]["loss"] == pytest.approx(after[False][1]["loss"], rel=1e-4, abs=1e-7)
-    assert all(torch.allclose(after[True][0][k], after[False][0][k], atol=1e-5) for k in state)
+    # AdamW's first step moves each weight by lr * g / (|g| + eps): where a gradient is near eps (1e-8),
+    # float rounding between the two layouts moves it by a visible fraction of lr; 1% of lr is the bound
+    assert all(torch.allclose(after[True][0][k], after[False][0][k], atol=1e-4) for k in state)

@@ -88,7 +88,14 @@ def following(model: str, url: str) -> tuple[Any, Any]:
     except (StoreError, OSError, ValueError, ImportError) as e:
         raise FlywheelError(f"cannot open the weight store {url}: {e}") from None
     policy = get_model(model, dtype=torch.bfloat16)
-    follower = Follower(policy.model, store, name=model, poll_s=FOLLOW_POLL_S)
+    cached = getattr(policy, "weights", None)  # the torch engine's packed matrices and prefix store
+    follower = Follower(
+        policy.model,
+        store,
+        name=model,
+        poll_s=FOLLOW_POLL_S,
+        prepare=cached.refresh if cached is not None else None,
+    )
     try:
         version = follower.start()
     except StoreError as e:

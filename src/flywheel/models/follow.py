@@ -9,20 +9,22 @@ batcher's thread (`flywheel.models.server.Batcher`), so updates happen only betw
   cannot be read raises `StoreError`; an empty store is not an error (the model keeps its own weights and
   reports no version until the first one is published).
 - `update()`, between batches: applies a download that has finished (the pause is the time the apply
-  takes, `last_pause_s`), and every `poll_s` starts downloading whatever LATEST names beyond the version
+  takes, `last_pause_s`, plus `prepare()`'s: the torch engine's `weights.refresh`, which repacks its
+  matrices for the new weights now rather than in the next batch), and every `poll_s` starts downloading whatever LATEST names beyond the version
   served. It never raises on store trouble: the subscriber refuses a delta that does not reproduce the
   trainer's checksums (weights left bitwise unchanged, then recovery from the latest anchor), a store
   that is down leaves the last good weights serving, and either is logged as an error.
 
 What is not covered: the version is the weights', not the engine's state. The torch engine notices the
-change itself (its prefix store is keyed on a fingerprint of the parameters); an engine that caches
-anything else derived from the weights must drop it too.
+change itself (its prefix store and packed matrices are keyed on a fingerprint of the parameters); an
+engine that caches anything else derived from the weights must drop it too.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -63,9 +65,16 @@ class Follower:
     """A torch model's weights kept at the store's latest version; see the module docstring."""
 
     def __init__(
-        self, model: torch.nn.Module, store: WeightStore, *, name: str = "the model", poll_s: float = 0.5
+        self,
+        model: torch.nn.Module,
+        store: WeightStore,
+        *,
+        name: str = "the model",
+        poll_s: float = 0.5,
+        prepare: Callable[[], object] | None = None,
     ) -> None:
         self.name, self.poll_s = name, poll_s
+        self.prepare = prepare  # after a new version: what the engine derives from the weights, remade now
         self.bound = bind(model)
         self.sub = Subscriber(store, dict(self.bound), None)
         self.updates: list[tuple[int, float]] = []  # (version, seconds the apply paused serving)
@@ -99,8 +108,13 @@ class Follower:
                 log.error("weights: %s; serving version %s", self.sub.last_error, self.sub.version)
         self._last_error = self.sub.last_error
         if self.sub.version is not None and self.sub.version != before:
-            self.updates = [*self.updates[-99:], (self.sub.version, self.sub.last_pause_s)]
-            log.info("weights: serving version %d (paused %.3f s)", self.sub.version, self.sub.last_pause_s)
+            pause = self.sub.last_pause_s
+            if self.prepare is not None:  # part of the pause: the next batch would otherwise pay it
+                t0 = time.perf_counter()
+                self.prepare()
+                pause += time.perf_counter() - t0
+            self.updates = [*self.updates[-99:], (self.sub.version, pause)]
+            log.info("weights: serving version %d (paused %.3f s)", self.sub.version, pause)
         now = time.monotonic()
         if now >= self._next_poll:
             self.sub.prefetch()

@@ -23,7 +23,7 @@ zero the residual puts p's mass back.
 
 What the Completion records is the target's: each emitted token's log-prob is log p(x) at its position and
 its kept set is the target's nucleus there, both computed from the verification forward by the engine's own
-`distribution` (the same `nucleus` as `sample_step`), which is what the non-speculative engine records, up
+`distribution` (the same nucleus as `sample_step`), which is what the non-speculative engine records, up
 to float rounding (the verify forward runs k+1 positions at once where the plain loop runs one). q serves
 only the accept test; the trainer never sees it.
 
@@ -64,7 +64,15 @@ import torch
 import torch.nn.functional as F
 
 from flywheel.errors import FlywheelError
-from flywheel.models.fastllama import LlamaRunner, PrefixStore, decode, prefill_after, reserve, truncate
+from flywheel.models.fastllama import (
+    LlamaRunner,
+    Packed,
+    PrefixStore,
+    decode,
+    prefill_after,
+    reserve,
+    truncate,
+)
 
 
 @dataclass
@@ -190,11 +198,13 @@ class Speculation:
         dist: Callable[[torch.Tensor], Dist],
         rng: torch.Generator,
         store: PrefixStore | None = None,
+        packed: Packed | None = None,
+        draft_packed: Packed | None = None,
     ) -> None:
         self.dist, self.rng = dist, rng
         self.context = list(prompt)
-        self.target = _prefilled(LlamaRunner(target, steps + 1, store), prompt)
-        self.draft = _prefilled(LlamaRunner(draft, steps), prompt)
+        self.target = _prefilled(LlamaRunner(target, steps + 1, store, packed), prompt)
+        self.draft = _prefilled(LlamaRunner(draft, steps, packed=draft_packed), prompt)
 
     def round(self, k: int) -> Round:
         """Propose `k` tokens (0: plain decoding), verify them in one target forward, emit 1 to k+1."""
@@ -249,5 +259,7 @@ def _extend(runner: LlamaRunner, ids: torch.Tensor, every: bool = False) -> torc
     runner.cache = reserve(runner.cache, ids.numel())
     ids = ids.to(runner.device).unsqueeze(0)
     if ids.shape[1] == 1 and not every:
-        return decode(runner.model, runner.cache, ids[0])[0]
-    return prefill_after(runner.model, runner.cache, ids, torch.ones_like(ids), every=every)[0]
+        return decode(runner.model, runner.cache, ids[0], runner.packed)[0]
+    return prefill_after(
+        runner.model, runner.cache, ids, torch.ones_like(ids), every=every, packed=runner.packed
+    )[0]

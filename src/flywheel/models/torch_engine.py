@@ -15,17 +15,20 @@ hand-written forward of `flywheel.models.fastllama` over a preallocated KV cache
 (or with `fast=False`), `HFRunner`, the model's own forward with a `DynamicCache`. Both read the model's
 parameters at every call, so weights updated in place between `generate` calls (an optimizer step) are
 used by the next call; the prefix store, the one thing derived from weights that is kept, is dropped then.
-`engine.slow_reason` says why the fast path is off (None when on).
+`engine.slow_reason` says why the fast path is off (None when on). On the CPU the fast path multiplies by a
+packed copy of the matrices (`fastllama.pack_weights`, remade when the weights change; `pack=False`
+turns it off and halves the weights' memory).
 
 Sampling (`sample_step`, a pure function over the whole batch):
 - temperature `t > 0` scales the logits by `1/t`; `t == 0` is greedy: the kept set is `[argmax]` and the
   sampled token's log-prob is 0 (the point mass the token was drawn from).
 - top-p keeps the smallest prefix of the tokens sorted by probability whose mass reaches `top_p`
   (a token is kept when the mass of the tokens ranked above it is `< top_p`), then renormalises over it.
-  The nucleus is found from a `topk` of the first few hundred tokens; a batch whose nucleus is wider
+  The nucleus is found from a `topk` of the first few hundred tokens; a row whose nucleus is wider
   (a flat distribution, such as an untrained model's) is found without sorting the vocabulary: a
-  histogram of the logits finds the bin where the mass crosses `top_p`, and only that bin is sorted
+  histogram of the logits finds the bin where the mass crosses `top_p`, and only that bin is ranked
   (`wide_nucleus`). Its kept ids come in id order, and the token is picked by inverse CDF in that order.
+  Each row takes its own path, so which one a row takes never depends on the other rows of its batch.
 - `logprobs[i]` is the log-prob of the sampled token under the distribution actually sampled from: after
   temperature and the top-p renormalisation. `kept[i]` is the sorted list of token ids of that nucleus;
   a `None` entry means the full vocabulary (`top_p >= 1`). Kept sets are gathered as tensors during
@@ -81,7 +84,7 @@ import numpy as np
 import torch
 
 from flywheel.errors import FlywheelError
-from flywheel.models.fastllama import LlamaRunner, PrefixStore, unsupported
+from flywheel.models.fastllama import LlamaRunner, PrefixStore, WeightsCache, unsupported
 from flywheel.models.hf import load_hf, resolve_device, resolve_dtype
 from flywheel.models.speculative import Dist, LayerSkip, Round, Speculation, check_vocabulary
 from flywheel.protocols import Completion, Request
@@ -97,6 +100,7 @@ ENGINE_OPTIONS = {
     "prefix_cache_mb",
     "draft",
     "draft_tokens",
+    "pack",
 }
 TOPK_FIRST = 256  # nucleus search width before falling back to a full sort
 WIDE_NUCLEUS = 2048  # kept sets wider than this are put in id order by marking, not sorting
@@ -144,16 +148,18 @@ class Step:
 
     tokens: torch.Tensor  # [B] int64
     logprobs: torch.Tensor  # [B] float32
-    kept_rows: torch.Tensor | None = None  # [R] batch rows with a nucleus (top_p < 1 or greedy)
-    kept_ids: torch.Tensor | None = None  # [R, K] token ids, most probable first; or a [R, V] bool mask
-    kept_n: torch.Tensor | None = None  # [R] size of each row's nucleus (<= K); None with a mask
+    kept_rows: torch.Tensor | None = None  # [R] batch rows whose nucleus came from a top-k
+    kept_ids: torch.Tensor | None = None  # [R, K] token ids, most probable first
+    kept_n: torch.Tensor | None = None  # [R] size of each row's nucleus (<= K)
+    wide_rows: torch.Tensor | None = None  # [W] batch rows whose nucleus is wider than a top-k
+    wide_mask: torch.Tensor | None = None  # [W, V] bool: that nucleus (`wide_nucleus`)
 
     def cpu(self) -> Step:
         """This step with every tensor on the CPU (itself when it is there already)."""
         if self.tokens.device.type == "cpu":
             return self
         parts = (self.tokens, self.logprobs, self.kept_rows, self.kept_ids, self.kept_n)
-        return Step(*(None if t is None else t.cpu() for t in parts))
+        return Step(*(None if t is None else t.cpu() for t in (*parts, self.wide_rows, self.wide_mask)))
 
 
 def sample_step(
@@ -175,11 +181,24 @@ def sample_step(
     if bool(full.any()):
         rows = full.nonzero().squeeze(1)
         tokens[rows], logprobs[rows] = _sample_full(scaled[rows], logz[rows], u[rows])
-    if not bool(full.all()):
-        rows = (~full).nonzero().squeeze(1)
-        tok, lp, ids, n = _sample_nucleus(scaled[rows], logz[rows], p_eff[rows], u[rows])
-        tokens[rows], logprobs[rows] = tok, lp
-        step.kept_rows, step.kept_ids, step.kept_n = rows, ids, n
+    if bool(full.all()):
+        return step
+    rows = (~full).nonzero().squeeze(1)
+    scaled, logz, p_eff, u = scaled[rows], logz[rows], p_eff[rows], u[rows]
+    vals, ids, n, probs, wide = topk_nucleus(scaled, logz, p_eff)
+    if not bool(wide.all()):
+        sel = (~wide).nonzero().squeeze(1)
+        width = int(n[sel].max())
+        tok, lp = _pick_sorted(ids[sel, :width], probs[sel, :width], n[sel], u[sel])
+        tokens[rows[sel]], logprobs[rows[sel]] = tok, lp
+        # a copy, not a view: the kept ids outlive the step and must not pin the top-k of the vocabulary
+        step.kept_rows, step.kept_ids, step.kept_n = rows[sel], ids[sel, :width].to(torch.int32), n[sel]
+    if bool(wide.any()):
+        sel = wide.nonzero().squeeze(1)
+        keep, wide_probs = wide_nucleus(scaled[sel], logz[sel], p_eff[sel])
+        tok, lp = _pick_in_id_order(keep, wide_probs, u[sel])
+        tokens[rows[sel]], logprobs[rows[sel]] = tok, lp
+        step.wide_rows, step.wide_mask = rows[sel], keep
     return step
 
 
@@ -190,12 +209,10 @@ def _sample_full(scaled: torch.Tensor, logz: torch.Tensor, u: torch.Tensor):
     return tok, scaled.gather(1, tok.unsqueeze(1)).squeeze(1) - logz
 
 
-def nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor):
-    """(sorted logits, their ids, nucleus size, probabilities) per row, truncated to the widest nucleus;
-    None when some row's nucleus is wider than the first top-k of a large vocabulary (`wide_nucleus`).
-
-    top_p 0 keeps exactly the top token (greedy).
-    """
+def topk_nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor):
+    """(sorted logits [n, K], their ids, nucleus sizes [n], probabilities [n, K], wide [n]) per row, from
+    one top-k: `wide` marks the rows whose nucleus is wider than the top-k of a large vocabulary (their
+    sizes are meaningless: `wide_nucleus` finds theirs). top_p 0 keeps exactly the top token (greedy)."""
     k = min(TOPK_FIRST, scaled.shape[1])
     if 8 * k >= scaled.shape[1]:  # a small vocabulary: one sort is as cheap as a top-k
         k = scaled.shape[1]
@@ -204,23 +221,23 @@ def nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor):
     )
     probs = torch.exp(vals - logz.unsqueeze(1))
     before = torch.cumsum(probs, dim=-1) - probs
-    if k < scaled.shape[1] and bool((before[:, -1] + probs[:, -1] < top_p).any()):
-        return None  # wider than the top-k: `wide_nucleus`
     n = (before < top_p.unsqueeze(1)).sum(dim=-1).clamp(min=1)
-    width = int(n.max())
-    # a copy, not a view: the kept ids outlive the step and must not pin the full sort of the vocabulary
-    return vals[:, :width], ids[:, :width].to(torch.int32), n, probs[:, :width]
+    if k < scaled.shape[1]:
+        wide = before[:, -1] + probs[:, -1] < top_p
+    else:
+        wide = torch.zeros_like(n, dtype=torch.bool)
+    return vals, ids, n, probs, wide
 
 
 def wide_nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor, bins: int = NUCLEUS_BINS):
-    """(kept mask [R, V], probabilities [R, V]): `nucleus` for rows whose nucleus is wider than a top-k,
+    """(kept mask [R, V], probabilities [R, V]): the nucleus of rows whose nucleus is wider than a top-k,
     without sorting the vocabulary.
 
     Each row's logits are cut into `bins` equal bins from its maximum down (logits more than 100 below it,
     probability under e^-100, share the last bin); one scatter-add gives each bin's probability mass. Bins
-    whose mass, with all bins above, stays within `top_p` are kept whole; the one bin where the running
-    mass crosses `top_p` is sorted alone (a few dozen tokens) and kept up to the token whose mass above is
-    still below `top_p`, the rule the full sort applies.
+    whose mass, with all bins above, stays within `top_p` are kept whole; the tokens of the one bin where
+    the running mass crosses `top_p` (a few dozen) are ranked by a top-k over that bin alone, and kept up to
+    the token whose mass above is still below `top_p`, the rule the full sort applies.
     """
     rows = scaled.shape[0]
     probs = torch.exp(scaled - logz.unsqueeze(1))
@@ -233,39 +250,34 @@ def wide_nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor, 
     above = torch.cumsum(mass, dim=-1) - mass  # mass of the bins above each bin
     edge = (above < top_p.unsqueeze(1)).sum(dim=-1) - 1  # the bin where the running mass crosses top_p
     keep = level < edge.unsqueeze(1)
-    for r in range(rows):
-        cand = (level[r] == edge[r]).nonzero().squeeze(1)
-        p, order = torch.sort(wide[r, cand], descending=True)
-        inside = above[r, edge[r]] + torch.cumsum(p, dim=0) - p < top_p[r]
-        inside[0] = True  # the crossing bin holds the token that reaches top_p: at least one is kept
-        keep[r, cand[order[inside]]] = True
-    return keep, probs
+    crossing = level == edge.unsqueeze(1)
+    count = crossing.sum(dim=-1)
+    p, order = torch.topk(torch.where(crossing, wide, -1.0), int(count.max()), dim=-1)  # the bin, ranked
+    ranked = torch.arange(p.shape[1], device=p.device).unsqueeze(0)
+    inside = above.gather(1, edge.unsqueeze(1)) + torch.cumsum(p.clamp(min=0), dim=-1) - p < top_p.unsqueeze(
+        1
+    )
+    inside = (inside | (ranked == 0)) & (ranked < count.unsqueeze(1))  # the first reaches top_p: kept
+    return keep | torch.zeros_like(keep).scatter_(1, order, inside), probs
 
 
-def _sample_nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor):
-    """(tokens, log-probs, kept, sizes): kept is [R, K] ids most probable first with their sizes, or for
-    nuclei wider than a top-k a [R, V] boolean mask (sizes None), the token picked in id order."""
-    found = nucleus(scaled, logz, top_p)
-    if found is None:
-        keep, probs = wide_nucleus(scaled, logz, top_p)
-        cdf = torch.cumsum(torch.where(keep, probs, torch.zeros_like(probs)), dim=-1)
-        mass = cdf[:, -1:]
-        tok = (
-            torch.searchsorted(cdf, u.unsqueeze(1) * mass, right=True)
-            .squeeze(1)
-            .clamp(max=scaled.shape[1] - 1)
-        )
-        lp = torch.log(probs.gather(1, tok.unsqueeze(1)) / mass).squeeze(1)
-        return tok, lp, keep, None
-    vals, ids, n, probs = found
-    inside = torch.arange(vals.shape[1], device=vals.device).unsqueeze(0) < n.unsqueeze(1)
+def _pick_sorted(ids: torch.Tensor, probs: torch.Tensor, n: torch.Tensor, u: torch.Tensor):
+    """(tokens, log-probs) by inverse CDF over each row's first `n` tokens, most probable first."""
+    inside = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) < n.unsqueeze(1)
     cdf = torch.cumsum(torch.where(inside, probs, torch.zeros_like(probs)), dim=-1)
     mass = cdf.gather(1, (n - 1).unsqueeze(1))
     pick = torch.searchsorted(cdf, u.unsqueeze(1) * mass, right=True).squeeze(1)
     pick = torch.minimum(pick, n - 1)
     tok = ids.gather(1, pick.unsqueeze(1)).squeeze(1).long()
-    lp = torch.log(probs.gather(1, pick.unsqueeze(1)) / mass).squeeze(1)
-    return tok, lp, ids, n
+    return tok, torch.log(probs.gather(1, pick.unsqueeze(1)) / mass).squeeze(1)
+
+
+def _pick_in_id_order(keep: torch.Tensor, probs: torch.Tensor, u: torch.Tensor):
+    """(tokens, log-probs) by inverse CDF over each row's kept tokens in id order."""
+    cdf = torch.cumsum(torch.where(keep, probs, torch.zeros_like(probs)), dim=-1)
+    mass = cdf[:, -1:]
+    tok = torch.searchsorted(cdf, u.unsqueeze(1) * mass, right=True).squeeze(1).clamp(max=keep.shape[1] - 1)
+    return tok, torch.log(probs.gather(1, tok.unsqueeze(1)) / mass).squeeze(1)
 
 
 def distribution(logits: torch.Tensor, temperature: float, top_p: float) -> Dist:
@@ -288,13 +300,14 @@ def distribution(logits: torch.Tensor, temperature: float, top_p: float) -> Dist
 
 
 def nucleus_mask(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """The nucleus of each row as a [n, V] boolean mask (`nucleus`, else `wide_nucleus`)."""
-    found = nucleus(scaled, logz, top_p)
-    if found is None:
-        return wide_nucleus(scaled, logz, top_p)[0]
-    _, ids, n, _ = found
+    """The nucleus of each row as a [n, V] boolean mask (a top-k, else `wide_nucleus` for that row)."""
+    _, ids, n, _, wide = topk_nucleus(scaled, logz, top_p)
     inside = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) < n.unsqueeze(1)
-    return torch.zeros_like(scaled, dtype=torch.bool).scatter_(1, ids.long(), inside)
+    mask = torch.zeros_like(scaled, dtype=torch.bool).scatter_(1, ids, inside)
+    if bool(wide.any()):
+        sel = wide.nonzero().squeeze(1)
+        mask[sel] = wide_nucleus(scaled[sel], logz[sel], top_p[sel])[0]
+    return mask
 
 
 # ----------------------------------------------------------------------------------------- stop strings
@@ -348,6 +361,7 @@ class TorchEngine:
         prefix_cache_mb: int = 512,
         draft: str | None = None,
         draft_tokens: int = 4,
+        pack: bool = True,
     ) -> None:
         self.name = name
         self.model = model.eval()
@@ -362,6 +376,8 @@ class TorchEngine:
         self.pad_id = _pad_id(tokenizer, self.eos_ids)
         # keys and values of finished sequences, reused by prompts that start with them (fast path only)
         self.prefix_store = PrefixStore(prefix_cache_mb << 20) if self.fast and prefix_cache_mb > 0 else None
+        # the store and, on the CPU, the packed matrices: rebuilt before a batch when the weights changed
+        self.weights = WeightsCache(model, self.prefix_store, pack) if self.fast else None
         self.rng = torch.Generator()
         if seed is None:
             self.rng.seed()
@@ -370,6 +386,11 @@ class TorchEngine:
         # speculative decoding (flywheel.models.speculative): requests one at a time, `draft_tokens` per round
         self.draft_tokens = draft_tokens
         self.draft = self._load_draft(draft) if draft else None
+        self.draft_weights = (
+            WeightsCache(self.draft, pack=pack)
+            if self.draft is not None and not isinstance(self.draft, LayerSkip)
+            else None
+        )
         self.spec_stats = dict.fromkeys(("target_steps", "proposed", "accepted", "tokens"), 0)
 
     # -- public
@@ -468,8 +489,8 @@ class TorchEngine:
 
     def _runner(self, steps: int):
         """The fast Llama forward when the model allows it, else the model's own forward."""
-        if self.fast:
-            return LlamaRunner(self.model, steps, self.prefix_store)
+        if self.weights is not None:
+            return LlamaRunner(self.model, steps, self.prefix_store, self.weights.refresh())
         return HFRunner(self.model, self.cache_kw)
 
     def _finished(self, batch: _Batch, step: int, tokens: torch.Tensor, eos: torch.Tensor) -> list[bool]:
@@ -511,6 +532,8 @@ class TorchEngine:
         """Generate `seq` alone, a round of up to `draft_tokens` proposals at a time, each round's tokens
         checked one by one for EOS, stop strings and the budget (what follows the end is dropped)."""
         req = seq.request
+        assert self.weights is not None
+        packed = self.weights.refresh()
         spec = Speculation(
             self.model,
             self.draft,
@@ -519,6 +542,8 @@ class TorchEngine:
             dist=lambda logits: distribution(logits, req.temperature, req.top_p),
             rng=_request_rng(req.seed, self.rng),
             store=self.prefix_store,
+            packed=packed,
+            draft_packed=packed if self.draft_weights is None else self.draft_weights.refresh(),
         )
         eos = set() if self.ignore_eos else set(self.eos_ids)
         while seq.finish is None:
@@ -579,7 +604,8 @@ class _Batch:
     uniforms: torch.Tensor
     token_buf: torch.Tensor  # [B, T] sampled ids by original row
     logprob_buf: torch.Tensor
-    kept_log: list[tuple[list[int], torch.Tensor, list[int]]] = field(default_factory=list)
+    # (step, rows, kept ids [R, K] most probable first with their sizes, or a [R, V] mask and no sizes)
+    kept_log: list[tuple[int, list[int], torch.Tensor, list[int]]] = field(default_factory=list)
 
     @classmethod
     def start(cls, seqs: list[_Seq], pad_id: int, rng: torch.Generator) -> _Batch:
@@ -608,11 +634,11 @@ class _Batch:
     def record(self, step: int, s: Step) -> None:
         self.token_buf[self.row_index, step] = s.tokens
         self.logprob_buf[self.row_index, step] = s.logprobs
-        if s.kept_rows is not None:
-            kept_rows = [self.rows[j] for j in s.kept_rows.tolist()]
-            self.kept_log.append((kept_rows, s.kept_ids, s.kept_n.tolist() if s.kept_n is not None else []))
-        else:
-            self.kept_log.append(([], torch.empty(0), []))
+        if s.kept_rows is not None and s.kept_ids is not None and s.kept_n is not None:
+            rows = [self.rows[j] for j in s.kept_rows.tolist()]
+            self.kept_log.append((step, rows, s.kept_ids, s.kept_n.tolist()))
+        if s.wide_rows is not None and s.wide_mask is not None:
+            self.kept_log.append((step, [self.rows[j] for j in s.wide_rows.tolist()], s.wide_mask, []))
 
     def select(self, idx: torch.Tensor) -> None:
         keep = idx.tolist()
@@ -628,9 +654,7 @@ class _Batch:
             seq.tokens = self.token_buf[row, : seq.n].tolist()
             seq.logprobs = self.logprob_buf[row, : seq.n].tolist()
             seq.kept = [None] * seq.n
-        for step, (rows, ids, sizes) in enumerate(self.kept_log):
-            if not rows:
-                continue
+        for step, rows, ids, sizes in self.kept_log:
             if ids.dtype != torch.bool:
                 n = torch.tensor(sizes).unsqueeze(1)
                 inside = torch.arange(ids.shape[1]).unsqueeze(0) < n
@@ -769,7 +793,8 @@ def load_torch_model(spec: str, **opts: Any) -> TorchEngine:
     the default, `"cuda"` or `"auto"`: CUDA when a GPU is visible), `context` (alias of `max_context`), and
     `TorchEngine`'s `max_context`, `max_batch`, `ignore_eos`, `seed`, `name`, `eos_ids` (replaces the
     tokenizer's and generation config's EOS ids), `fast` (False: always the model's own forward, never
-    `fastllama`), `prefix_cache_mb`, `draft` and `draft_tokens` (speculative decoding: `load_draft`).
+    `fastllama`), `prefix_cache_mb`, `draft` and `draft_tokens` (speculative decoding: `load_draft`), `pack`
+    (False: the fast path multiplies by the modules' own weights, never a packed copy: `fastllama.pack_weights`).
     """
     dtype = resolve_dtype(opts.pop("dtype", torch.float32))
     device = resolve_device(opts.pop("device", "cpu"))

@@ -34,6 +34,9 @@ class ModelConfig:
     dtype: str = "float32"  # or "bfloat16": engine weights and KV cache; training autocasts (float32 master)
     draft: str = ""  # speculative decoding's draft ("": none): `layers:N` or a model with the same vocabulary
     draft_tokens: int = 4  # tokens the draft proposes per round (with a draft, requests run one at a time)
+    pack: bool = (
+        True  # on the CPU: a packed copy of the matrices, faster at batch > 1 (false: half the memory)
+    )
 
     def __post_init__(self) -> None:
         resolve_device(self.device, "[model] device")  # "cuda" without a visible GPU is refused here

@@ -97,6 +97,7 @@ def load_engine(cfg: RunConfig, spec: str = ""):
         prefix_cache_mb=0 if cfg.fusion and cfg.deterministic else cfg.model.prefix_cache_mb,
         draft=cfg.model.draft or None,
         draft_tokens=cfg.model.draft_tokens,
+        pack=cfg.model.pack,
     )
 
 
