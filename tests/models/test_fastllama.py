@@ -92,7 +92,9 @@ def test_prefill_and_decode_logits_match_hf(which, shared, packed, tiny, gqa_mod
     assert cache.capacity >= ids.shape[1] and cache.length == ids.shape[1]
 
 
-def test_the_packed_matrices_are_remade_only_when_the_weights_change(gqa_model):
+def test_the_packed_matrices_are_remade_only_when_the_weights_change(gqa_model, monkeypatch):
+    assert fastllama.packable(gqa_model) == "hidden size 96 < 512"  # too small to gain: never packed
+    monkeypatch.setattr(fastllama, "PACK_MIN_HIDDEN", 0)
     cached = fastllama.WeightsCache(gqa_model)
     assert fastllama.packable(gqa_model) is None and cached.pack
     first = cached.refresh()
@@ -113,7 +115,8 @@ def test_the_packed_matrices_are_remade_only_when_the_weights_change(gqa_model):
     assert fastllama.packable(copy.deepcopy(gqa_model).half()) == "dtype torch.float16"
 
 
-def test_engine_tokens_are_the_same_with_and_without_packed_matrices(tiny):
+def test_engine_tokens_are_the_same_with_and_without_packed_matrices(tiny, monkeypatch):
+    monkeypatch.setattr(fastllama, "PACK_MIN_HIDDEN", 0)
     model, tokenizer = tiny
     packed = TorchEngine(model, tokenizer, eos_ids=[], prefix_cache_mb=0)
     plain = TorchEngine(model, tokenizer, eos_ids=[], prefix_cache_mb=0, pack=False)

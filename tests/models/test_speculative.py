@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flywheel.errors import FlywheelError
-from flywheel.models import torch_engine
+from flywheel.models import fastllama, torch_engine
 from flywheel.models.hf import load_hf
 from flywheel.models.shipped import base_dir
 from flywheel.models.speculative import pick, speculate
@@ -135,9 +135,22 @@ def test_point_masses_accept_exactly_the_argmax():
 # ---------------------------------------------------------------------------------------- the engine
 
 
-@pytest.mark.parametrize("draft", ["layers:1", "layers:3", "layers:4", "random"])
-def test_greedy_tokens_are_the_plain_engines(target, greedy, random_draft, draft):
+@pytest.mark.parametrize(
+    "draft,packed",
+    [
+        ("layers:1", False),
+        ("layers:3", False),
+        ("layers:4", False),
+        ("random", False),
+        ("layers:3", True),
+        ("random", True),
+    ],
+)
+def test_greedy_tokens_are_the_plain_engines(target, greedy, random_draft, draft, packed, monkeypatch):
+    if packed:  # the target and draft multiply by packed matrices (too small to be packed by default)
+        monkeypatch.setattr(fastllama, "PACK_MIN_HIDDEN", 0)
     spec = engine(target, random_draft if draft == "random" else draft, draft_tokens=3)
+    assert spec.weights.pack == packed
     seen: list[int] = []
     reqs, wanted = [copy.copy(r) for r in greedy[0]], greedy[1]
     reqs[0].on_token = seen.append

@@ -47,8 +47,11 @@ projections are concatenated into one matrix, the gate and up projections into a
 in the order the kernel wants instead of repacking it at every call, which is where a small batch's time
 went: on SmolLM2-135M with one thread, the products of one decode step at batch 16 took 65 ms packed
 against 97 ms with `F.linear` (all of the model's matrices in turn, timed alone), and at batch 1 the same.
-The cost is a second copy of the matrices in memory and a repack (about 0.4 s for SmolLM2-135M) after
-each weights change; the engine's `pack=False` turns it off.
+A single token of a single row (batch-1 decoding) still multiplies by the plain weights, which a
+matrix-vector product reads faster, and models with a hidden size under `PACK_MIN_HIDDEN` are not packed:
+there the fixed cost of a packed product outweighs what it saves (both measured with
+`benchmarks/bench_engine.py`). The cost is a second copy of the matrices in memory and a repack (about
+0.5 s for SmolLM2-135M) after each weights change; the engine's `pack=False` turns it off.
 
 What is not covered (those models fall back to the HF forward): architectures other than
 `LlamaForCausalLM`, activations other than SiLU, `pretraining_tp > 1`, and rotary variants whose
@@ -387,6 +390,8 @@ def forward(
     x = F.embedding(ids, inner.embed_tokens.weight)
     cos, sin = rotary(inner.rotary_emb, positions, x.dtype)
     start = cache.length
+    if ids.numel() == 1:  # one token of one row: a matrix-vector product reads plain weights faster
+        packed = None
     group = model.config.num_attention_heads // model.config.num_key_value_heads
     if ids.shape[1] > 1 and group > 1:
         attend = attend.repeat(1, 1, group, 1)  # query rows are (head in group, position)
@@ -493,11 +498,15 @@ class Packed:
 
 
 PACK_HINT = 16  # the batch rows oneDNN lays the blocks out for; any row count runs on them
+PACK_MIN_HIDDEN = 512  # below, a packed product's fixed cost outweighs what it saves (bench_engine.py)
 
 
 def packable(model) -> str | None:
-    """Why `model`'s matrices cannot be packed (None when they can): the CPU, float32 or bfloat16, oneDNN."""
+    """Why `model`'s matrices are not packed (None when they are): the CPU, float32 or bfloat16, oneDNN, and
+    a hidden size of at least `PACK_MIN_HIDDEN`."""
     w = model.model.embed_tokens.weight
+    if w.shape[1] < PACK_MIN_HIDDEN:
+        return f"hidden size {w.shape[1]} < {PACK_MIN_HIDDEN}"
     if w.device.type != "cpu":
         return f"weights on {w.device.type}"
     if w.dtype not in (torch.float32, torch.bfloat16):
