@@ -108,3 +108,24 @@ def test_a_legacy_workspace_is_swept_only_once_it_is_a_day_old(tmp_path):
     other = old(tmp_path / "someone-elses", 25 * 3600)
     run(tmp_path, SWEEPER)
     assert not stale.exists() and fresh.is_dir() and other.is_dir()
+
+
+SCRATCH = """
+from flywheel.sandbox.workspaces import temporary_workspace
+with temporary_workspace("qa-") as tmp:
+    (tmp / "repo").mkdir()
+    print(tmp, flush=True)
+try:
+    with temporary_workspace("solve-") as tmp:
+        print(tmp, flush=True)
+        raise RuntimeError
+except RuntimeError:
+    pass
+"""
+
+
+def test_a_temporary_workspace_is_in_the_process_directory_and_gone_after_its_block(tmp_path):
+    first, second = run(tmp_path, SCRATCH)
+    assert first.name.startswith("qa-") and second.name.startswith("solve-")
+    assert first.parent == second.parent and first.parent.name.startswith("flywheel-episodes-")
+    assert not first.exists() and not second.exists()  # removed on the way out, an exception too

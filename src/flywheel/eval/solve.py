@@ -42,6 +42,7 @@ from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort
 from flywheel.protocols import Grader, Limits, Model, Sandbox, Verdict
 from flywheel.record import Trajectory, write_trajectories
 from flywheel.sandbox import get_sandbox
+from flywheel.sandbox.workspaces import temporary_workspace
 from flywheel.tasks.format import Task
 from flywheel.tasks.patch import apply_patch_to_dir, make_patch, read_tree
 
@@ -166,8 +167,8 @@ def test_grader(sandbox: Sandbox, test_command: str | None, timeout_s: float) ->
         if test_command is None:
             return Verdict(task.id, success=False, error="no test command")
         t0 = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="flywheel-solve-grade-") as tmp:
-            copy = Path(tmp) / "repo"
+        with temporary_workspace("solve-grade-") as tmp:
+            copy = tmp / "repo"
             shutil.copytree(workspace, copy, symlinks=True, ignore=shutil.ignore_patterns(*SKIP))
             r = sandbox.run(copy, ["bash", "-c", test_command], limits=Limits(timeout_s=timeout_s))
         ok = r.exit_code == 0 and not r.timed_out
@@ -205,9 +206,9 @@ def solve(
     sandbox = sandbox or get_sandbox()
     test_command = test_command or find_test_command(repo)
     cfg = replace(cfg or HarnessConfig(), keep_workspaces=True)
-    with tempfile.TemporaryDirectory(prefix="flywheel-solve-") as tmp:
-        snapshot(repo, Path(tmp) / "repo")
-        task = solve_task(Path(tmp), instruction, test_command, timeout_s=max(cfg.command_timeout_s, 60.0))
+    with temporary_workspace("solve-") as tmp:
+        snapshot(repo, tmp / "repo")
+        task = solve_task(tmp, instruction, test_command, timeout_s=max(cfg.command_timeout_s, 60.0))
         log(f"solve: {len(read_tree(task.repo))} files copied; tests: {test_command or 'none'}")
         log(f"solve: {model.name} at effort {effort}")
         grader = test_grader(sandbox, test_command, task.timeout_s)

@@ -2,7 +2,8 @@
 
 An episode's workspace is removed when the episode is graded, and the grader's copy when the grading run
 ends; a process killed before then (SIGKILL of a pool worker, a user's Ctrl-C of a training run) would
-leave them in the temp dir for good. So each process puts its workspaces in a directory of its own, `flywheel-episodes-<pid>-<random>/`, and holds an
+leave them in the temp dir for good (and so would the scratch directories of `flywheel solve`, `synth` and
+`qa`, which use `temporary_workspace`). So each process puts its workspaces in a directory of its own, `flywheel-episodes-<pid>-<random>/`, and holds an
 exclusive `flock` on the `.lock` file inside for as long as it lives: the kernel drops the lock when the
 process dies, however it dies. The next process to make its directory sweeps its siblings: one whose lock
 it can take has no owner left, and is removed. This relies on `flock`, not on pids, so it holds across pid
@@ -22,6 +23,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +49,17 @@ def new_workspace(prefix: str = "ep-") -> Path:
     """A fresh empty directory (for an episode, or a grading run: `prefix`) inside this process's own
     directory; the caller removes it."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir=_process_dir()))
+
+
+@contextlib.contextmanager
+def temporary_workspace(prefix: str) -> Iterator[Path]:
+    """`new_workspace(prefix)`, removed when the block ends: a `tempfile.TemporaryDirectory` that a killed
+    process does not leave behind."""
+    path = new_workspace(prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _process_dir() -> Path:

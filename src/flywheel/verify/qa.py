@@ -25,7 +25,6 @@ from __future__ import annotations
 import ast
 import random
 import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from flywheel.errors import PatchError
 from flywheel.protocols import Limits, Sandbox, Verdict
+from flywheel.sandbox.workspaces import temporary_workspace
 from flywheel.seeding import stable_seed
 from flywheel.tasks.format import Task
 from flywheel.tasks.mutate import KINDS, functions, mutants
@@ -183,8 +183,8 @@ def grade_patch(
     task: Task, patch: str | None, sandbox: Sandbox | None = None, limits: Limits | None = None
 ) -> Verdict:
     """Grade the task's repository with `patch` applied (None: the repository as shipped)."""
-    with tempfile.TemporaryDirectory(prefix="flywheel-qa-") as tmp:
-        ws = workspace_with_patch(task, patch, Path(tmp) / "repo")
+    with temporary_workspace("qa-") as tmp:
+        ws = workspace_with_patch(task, patch, tmp / "repo")
         return grade(task, ws, sandbox=sandbox, limits=limits)
 
 

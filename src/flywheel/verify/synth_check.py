@@ -15,11 +15,11 @@ grader in `flywheel tasks validate`.
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from flywheel.protocols import Limits, Sandbox
+from flywheel.sandbox.workspaces import temporary_workspace
 from flywheel.tasks.synth import SuiteRun, SuiteRunner
 from flywheel.verify.grader import PYTEST_INI, sandbox_python
 
@@ -63,8 +63,8 @@ sys.exit(code)
 
 def run_suite(workspace: Path, paths: Sequence[str], *, sandbox: Sandbox, timeout_s: float) -> SuiteRun:
     """Run pytest on `paths` (empty: the whole project) in the sandbox; outcomes and failure messages."""
-    with tempfile.TemporaryDirectory(prefix="flywheel-synth-run-") as tmp:
-        driver_dir, report_dir = Path(tmp) / "driver", Path(tmp) / "report"
+    with temporary_workspace("synth-run-") as tmp:
+        driver_dir, report_dir = tmp / "driver", tmp / "report"
         driver_dir.mkdir()
         report_dir.mkdir()
         (driver_dir / "driver.py").write_text(_DRIVER)
