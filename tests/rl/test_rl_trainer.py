@@ -237,3 +237,40 @@ def test_packed_and_padded_steps_give_the_same_update(engine):
     # AdamW's first step moves each weight by lr * g / (|g| + eps): where a gradient is near eps (1e-8),
     # float rounding between the two layouts moves it by a visible fraction of lr; 1% of lr is the bound
     assert all(torch.allclose(after[True][0][k], after[False][0][k], atol=1e-4) for k in state)
+
+
+def test_activation_checkpointing_recomputes_the_layers_and_gives_the_same_update(engine):
+    state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    records = records_from(engine, ["x", "x", "y", "y"], [True, False, False, True])
+    calls: list[bool] = []
+    mlp = engine.model.model.layers[0].mlp  # runs once in the forward pass, again in a recompute
+    plain = mlp.forward
+
+    def counted(*args, **kwargs):
+        calls.append(True)
+        return plain(*args, **kwargs)
+
+    mlp.forward = counted
+    after = {}
+    try:
+        for recompute in (False, True):
+            cfg = RunConfig()
+            cfg.optim.kind, cfg.optim.lr = "adamw", 1e-2
+            cfg.objective.activation_checkpointing = recompute
+            engine.model.load_state_dict(state)
+            calls.clear()
+            metrics, _ = Trainer(engine.model, engine.tokenizer, cfg, {"medium": 0.0}).step(records)
+            after[recompute] = (
+                {k: v.clone() for k, v in engine.model.state_dict().items()},
+                metrics,
+                len(calls),
+            )
+    finally:
+        del mlp.forward
+        engine.model.activation_checkpointing_disable()
+        engine.model.load_state_dict(state)
+    assert after[True][2] == 2 * after[False][2] > 0  # each layer ran again in the backward pass
+    assert not engine.model.training  # back in eval mode for the engine
+    assert after[True][1]["loss"] == pytest.approx(after[False][1]["loss"], rel=1e-5, abs=1e-7)
+    assert after[True][1]["grad_norm"] == pytest.approx(after[False][1]["grad_norm"], rel=1e-5)
+    assert all(torch.allclose(after[True][0][k], after[False][0][k], atol=1e-4) for k in state)

@@ -111,6 +111,7 @@ class ObjectiveConfig:
     batch_tokens: int = 16384  # padded tokens per trainer forward pass (pack = false)
     pack: bool = True  # share common prefixes of the replayed turns in one tree-masked sequence
     pack_tokens: int = 4096  # distinct tokens per packed forward pass (pack = true)
+    activation_checkpointing: bool = False  # recompute each layer's activations in the backward: less memory
 
 
 @dataclass

@@ -33,6 +33,12 @@ the loss is computed on float32 logits. The engine then serves its own bfloat16 
 `sync_engine` overwrites from the master weights after every update and every `load`; deltas and
 checkpoints are read from the master weights. The device is the model's: batches are built on the CPU and
 moved there.
+
+Memory (`[objective]`): `pack_tokens` / `batch_tokens` bound the tokens of one forward pass (micro-batches
+whose gradients accumulate into one update), and `activation_checkpointing = true` keeps only each
+decoder layer's input from the forward pass and recomputes the layer's inner activations in the backward
+pass (HF's gradient checkpointing, non-reentrant): less memory for about a third more compute. The forward
+then runs in training mode, so a model with dropout would apply it there.
 """
 
 from __future__ import annotations
@@ -187,6 +193,17 @@ class Trainer:
         self.optimizer = build_optimizer(
             model, o.kind, lr=o.lr, muon_lr=o.muon_lr or None, weight_decay=o.weight_decay
         )
+        self.recompute = cfg.objective.activation_checkpointing
+        if self.recompute:
+            if not getattr(model, "supports_gradient_checkpointing", False):
+                raise FlywheelError(
+                    f"[objective] activation_checkpointing: {type(model).__name__} does not support it"
+                )
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers 5.x's name
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.version = 0
 
     # -- one update
@@ -254,7 +271,7 @@ class Trainer:
             advs = torch.cat(
                 [torch.full((len(t["token_ids"]),), work[i][1]) for i, t in zip(batch, turns, strict=True)]
             )
-            with mixed(self.device, self.dtype):
+            with mixed(self.device, self.dtype), self._recomputing():
                 logits = self._generated_logits(turns) if pack is None else self._packed_logits(turns, pack)
             dev = logits.device
             advs = advs.to(dev)
@@ -287,6 +304,19 @@ class Trainer:
             out[key] = sums[key] / n_tokens if n_tokens else 0.0
         return out
 
+    @contextmanager
+    def _recomputing(self):
+        """With activation checkpointing, the forward inside runs in training mode, the mode in which the
+        layers keep only their inputs and recompute the rest in the backward pass; eval mode after it."""
+        if not self.recompute:
+            yield
+            return
+        self.model.train()
+        try:
+            yield
+        finally:
+            self.model.eval()
+
     def _generated_logits(self, turns: list[dict[str, Any]]) -> torch.Tensor:
         """Logits predicting each turn's generated tokens, concatenated: ``[Σ len(gen), V]`` float32.
 
@@ -304,7 +334,7 @@ class Trainer:
             rows += [j] * len(t["token_ids"])
             cols += range(start, start + len(t["token_ids"]))
         ids, attn = ids.to(self.device), attn.to(self.device)
-        hidden = self.model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state
+        hidden = self.model.base_model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
         return self.model.get_output_embeddings()(hidden[rows, cols]).float()
 
     def _packed_logits(self, turns: list[dict[str, Any]], pack: PrefixPack | None = None) -> torch.Tensor:
@@ -322,6 +352,7 @@ class Trainer:
             input_ids=torch.tensor([pack.ids], device=dev),
             attention_mask=pack.mask(dtype).to(dev),
             position_ids=torch.tensor([pack.positions], device=dev),
+            use_cache=False,
         ).last_hidden_state[0]
         rows = [
             node
