@@ -2,8 +2,8 @@
 
 An episode's workspace is removed when the episode is graded, and the grader's copy when the grading run
 ends; a process killed before then (SIGKILL of a pool worker, a user's Ctrl-C of a training run) would
-leave them in the temp dir for good (and so would the scratch directories of `flywheel solve`, `synth` and
-`qa`, which use `temporary_workspace`). So each process puts its workspaces in a directory of its own, `flywheel-episodes-<pid>-<random>/`, and holds an
+leave them in the temp dir for good (and so would the scratch directories of `flywheel solve`, of `qa` and
+of synth's test runs, which use `temporary_workspace`). So each process puts its workspaces in a directory of its own, `flywheel-episodes-<pid>-<random>/`, and holds an
 exclusive `flock` on the `.lock` file inside for as long as it lives: the kernel drops the lock when the
 process dies, however it dies. The next process to make its directory sweeps its siblings: one whose lock
 it can take has no owner left, and is removed. This relies on `flock`, not on pids, so it holds across pid

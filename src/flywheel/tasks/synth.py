@@ -34,6 +34,7 @@ import json
 import random
 import re
 import shutil
+import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -43,7 +44,6 @@ from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
 from flywheel.errors import FlywheelError
-from flywheel.sandbox.workspaces import temporary_workspace
 from flywheel.seeding import stable_seed
 from flywheel.tasks.format import task_toml, write_task
 from flywheel.tasks.mutate import KINDS, Mutant, mutants
@@ -285,8 +285,8 @@ def synthesize(
     modules = source_files(files)
     if not modules:
         raise FlywheelError(f"{src}: no Python modules outside the tests to plant bugs in")
-    with temporary_workspace("synth-") as tmp:
-        pristine = tmp / "pristine"
+    with tempfile.TemporaryDirectory(prefix="flywheel-synth-") as tmp:
+        pristine = Path(tmp) / "pristine"
         _write_tree(pristine, files)
         total, passing, collect_errors, baseline = _baseline(pristine, run_suite, src)
         limit = timeout_s or 3 * baseline + 5
@@ -300,7 +300,7 @@ def synthesize(
 
         def evaluate(item: tuple[str, Mutant], i: int) -> SuiteRun:
             path, mutant = item
-            ws = tmp / f"cand-{i}"
+            ws = Path(tmp) / f"cand-{i}"
             # without the baseline's bytecode: a .pyc is trusted when its source keeps its size and its mtime
             # in whole seconds, so a same-size mutant written within a second would run the original code
             shutil.copytree(pristine, ws, ignore=shutil.ignore_patterns("__pycache__"))
