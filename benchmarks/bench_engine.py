@@ -21,11 +21,14 @@ sampling stays float32); the bandwidth bound then counts the halved weight bytes
 sides on the GPU (`auto`: the GPU when one is visible); the copy bandwidth is then the GPU memory's, each
 timing waits for the GPU to finish, and `--threads` only sets the host's threads.
 
-`--draft SPEC` (`layers:N`, or a model directory with the same vocabulary) compares speculative decoding
-instead, at batch 1: the same requests (`--spec-prompts` of them, one at a time, at `--temperature`,
+`--draft SPEC` (`layers:N`, `lookup[:N]`, or a model directory with the same vocabulary) compares
+speculative decoding instead, at batch 1: the same requests (`--spec-prompts` of them, one at a time, at `--temperature`,
 top-p 0.95) through the engine with and without the draft, in the same process. It reports both tokens/s,
 the speed-up, accepted draft tokens per target step (verify forward), emitted tokens per target step, and
 the acceptance rate (accepted / proposed). The prefix store is off on both sides (the draft has none).
+`--spec-episodes RUN/trajectories.jsonl` runs that comparison on real agent turns instead: the
+conversation before each later assistant turn of the recorded episodes, generated to its natural end
+(`--new-tokens` at most), tokens/s counting the tokens generated.
 
     .venv/bin/python benchmarks/bench_engine.py --out /tmp/bench_engine.json
     .venv/bin/python benchmarks/bench_engine.py --dtype bfloat16 --models tiny
@@ -109,6 +112,7 @@ def weight_bytes(model) -> int:
 
 
 def run_engine(engine: TorchEngine, convs, new_tokens: int, temperature: float = 1.0) -> float:
+    """Generated tokens per second over `convs`: exactly `new_tokens` each when the engine ignores EOS."""
     reqs = [
         Request(messages=c, max_tokens=new_tokens, temperature=temperature, top_p=0.95, seed=i)
         for i, c in enumerate(convs)
@@ -118,8 +122,26 @@ def run_engine(engine: TorchEngine, convs, new_tokens: int, temperature: float =
     out = engine.generate(reqs)
     sync(engine.model.device)
     wall = time.perf_counter() - t0
-    assert all(c.completion_tokens == new_tokens for c in out), [c.error for c in out]
-    return len(convs) * new_tokens / wall
+    assert all(c.error is None for c in out), [c.error for c in out]
+    assert not engine.ignore_eos or all(c.completion_tokens == new_tokens for c in out)
+    return sum(c.completion_tokens for c in out) / wall
+
+
+def episode_turns(path: Path, n: int) -> list[list[dict[str, str]]]:
+    """The conversations before the first `n` assistant turns (after each episode's first) of the episodes in
+    `path` (a run's trajectories.jsonl), rendered as the harness's tagged format shows them: a tool's result
+    is a user message."""
+    convs = []
+    for line in path.read_text().splitlines():
+        messages: list[dict[str, str]] = []
+        for turn in json.loads(line)["turns"]:
+            role = "user" if turn["role"] == "tool" else turn["role"]
+            if role == "assistant" and any(m["role"] == "assistant" for m in messages):
+                convs.append(list(messages))
+            messages.append({"role": role, "content": turn["text"]})
+        if len(convs) >= n:
+            return convs[:n]
+    return convs
 
 
 def run_generate(model, tokenizer, convs, new_tokens: int, pad_id: int) -> float:
@@ -204,16 +226,18 @@ def bench_draft(
     temperature: float,
     dtype: str = "float32",
     device: torch.device = CPU,
+    episodes: Path | None = None,
 ) -> dict:
-    """Batch-1 tokens/s with and without `draft`, and the draft's acceptance."""
+    """Batch-1 tokens/s with and without `draft`, and the draft's acceptance (`episodes`: on the later turns
+    of recorded episodes, each to its natural end, instead of the fixed prompts)."""
     model, tokenizer = load_hf(path, dtype=DTYPES[dtype], device=device)
-    opts = {"name": label, "ignore_eos": True, "max_batch": 1, "prefix_cache_mb": 0}
+    opts = {"name": label, "ignore_eos": episodes is None, "max_batch": 1, "prefix_cache_mb": 0}
     plain = TorchEngine(model, tokenizer, **opts)
     spec = TorchEngine(model, tokenizer, draft=draft, draft_tokens=draft_tokens, **opts)
     for engine in (plain, spec):  # warm-up
         run_engine(engine, prompts(1), 4, temperature)
     spec.spec_stats.update(dict.fromkeys(spec.spec_stats, 0))
-    convs = prompts(n_prompts)
+    convs = episode_turns(episodes, n_prompts) if episodes else prompts(n_prompts)
     base = fast = 0.0
     for _ in range(repeats):  # alternate, keep the best of each
         base = max(base, run_engine(plain, convs, new_tokens, temperature))
@@ -269,6 +293,11 @@ def main() -> None:
     ap.add_argument("--spec-prompts", type=int, default=4, help="requests of the --draft comparison")
     ap.add_argument("--temperature", type=float, default=1.0, help="of the --draft comparison (0: greedy)")
     ap.add_argument(
+        "--spec-episodes",
+        type=Path,
+        help="a run's trajectories.jsonl: the --draft comparison on its episodes' later turns instead",
+    )
+    ap.add_argument(
         "--pack",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -318,6 +347,7 @@ def main() -> None:
                         args.temperature,
                         args.dtype,
                         device,
+                        args.spec_episodes,
                     )
                 )
                 continue

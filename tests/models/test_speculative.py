@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,7 +15,7 @@ from flywheel.errors import FlywheelError
 from flywheel.models import fastllama, torch_engine
 from flywheel.models.hf import load_hf
 from flywheel.models.shipped import base_dir
-from flywheel.models.speculative import pick, speculate
+from flywheel.models.speculative import continuation, pick, speculate
 from flywheel.models.tiny import build_tiny_model
 from flywheel.models.torch_engine import TorchEngine
 from flywheel.protocols import Completion, Request
@@ -142,6 +143,7 @@ def test_point_masses_accept_exactly_the_argmax():
         ("layers:3", False),
         ("layers:4", False),
         ("random", False),
+        ("lookup", False),
         ("layers:3", True),
         ("random", True),
     ],
@@ -243,6 +245,34 @@ def test_a_next_turn_prefills_from_the_targets_stored_prefix(target, plain):
     assert got.token_ids == plain.generate([Request(turn, max_tokens=20, temperature=0.0)])[0].token_ids
 
 
+def test_a_lookup_continues_the_latest_occurrence_of_the_longest_tail():
+    ctx = np.array([5, 1, 2, 3, 9, 1, 2, 3, 7, 8, 4, 1, 2, 3])
+    assert continuation(ctx, 3, 2) == [7, 8]  # (1, 2, 3) last occurred before 7, 8
+    assert continuation(ctx, 3, 10) == [7, 8, 4, 1, 2, 3]  # at most to the end of the context
+    assert continuation(np.array([4, 6, 4, 9, 6]), 3, 2) == [4, 9]  # no (9, 6) nor (4, 9, 6): the last 6
+    assert continuation(np.array([1, 2, 3]), 3, 4) == []  # nothing occurs twice
+    assert continuation(np.array([7]), 3, 4) == []
+
+
+def test_lookup_drafts_what_the_context_repeats_and_stays_exact(target, plain):
+    first = [{"role": "user", "content": PROMPTS[0]}]
+    answer = plain.generate([Request(first, max_tokens=60, temperature=0.0)])[0]
+    turn = [*first, {"role": "assistant", "content": answer.text}, {"role": "user", "content": "exit code 1"}]
+    spec = engine(target, "lookup")
+    greedy = Request(turn, max_tokens=48, temperature=0.0)
+    assert spec.generate([greedy])[0].token_ids == plain.generate([greedy])[0].token_ids
+    sampled = [Request(turn, max_tokens=48, temperature=1.0, top_p=0.9, seed=i) for i in range(3)]
+    for c in spec.generate(sampled):
+        assert c.error is None and len(c.token_ids) == len(c.logprobs) == len(c.kept) > 0
+        for token, lp, kept, (ref_lp, ref_kept) in zip(
+            c.token_ids, c.logprobs, c.kept, replay(target[0], c, 1.0, 0.9), strict=True
+        ):
+            assert token in ref_kept and kept == ref_kept
+            assert math.isclose(lp, ref_lp, abs_tol=2e-4)
+    stats = spec.spec_stats
+    assert 0 < stats["accepted"] <= stats["proposed"]  # the answer's command comes again
+
+
 def test_unusable_drafts_are_refused(target, tmp_path):
     other = build_tiny_model(
         tmp_path / "other", ["def f(x):\n    return x\n"] * 10, vocab_size=300, hidden=32, layers=1
@@ -253,6 +283,10 @@ def test_unusable_drafts_are_refused(target, tmp_path):
         engine(target, "layers:5")
     with pytest.raises(FlywheelError, match="use layers:N"):
         engine(target, "layers:half")
+    with pytest.raises(FlywheelError, match="use lookup or lookup:N"):
+        engine(target, "lookup:two")
+    with pytest.raises(FlywheelError, match="at least 1 token"):
+        engine(target, "lookup:0")
     with pytest.raises(FlywheelError, match="needs the fast Llama forward"):
         engine(target, "layers:2", fast=False)
 

@@ -33,8 +33,8 @@ engine's (a near tie between two logits could in principle resolve otherwise und
 order of the verify forward).
 
 Random numbers: each round draws 2k+1 uniforms from the request's own generator (seeded with
-`Request.seed`, else from a draw of the engine's generator): k for the draft's samples, k for the accept
-tests, one for the final token. A seeded request is reproducible run to run with the same draft and
+`Request.seed`, else from a draw of the engine's generator): k for the draft's samples (unused by a lookup,
+which may also propose fewer than k), k for the accept tests, one for the final token. A seeded request is reproducible run to run with the same draft and
 `draft_tokens`; its tokens differ from the non-speculative engine's for the same seed (the uniforms are
 consumed differently), while the distribution they are drawn from is the same.
 
@@ -42,6 +42,10 @@ Drafts (`draft=`):
 - `layers:N`: `LayerSkip`, the target's first N decoder layers, its final norm and its head
   (self-speculation). It shares the target's weights, so in-place updates reach it; it costs no training
   and no memory beyond its own KV cache.
+- `lookup` or `lookup:N`: `Lookup`, no model at all: the tokens that followed the latest earlier occurrence
+  of the context's last N tokens (3 by default), proposed with certainty (q a point mass, so a proposal x
+  is accepted with probability p(x)). It costs no forward, so on a CPU, where a small model's forward costs
+  its per-call overhead, it is the draft that pays: agents repeat what they read and wrote before.
 - an HF causal LM (`hf:PATH`, a directory, `smollm2-135m`, a shipped base) whose token ids mean the
   target's: its tokenizer's vocabulary and its `vocab_size` must equal the target's, else one
   `FlywheelError` (`check_vocabulary`). It is loaded in the target's dtype on its device and stays fixed;
@@ -60,6 +64,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -152,6 +157,43 @@ class LayerSkip:
         self.config.num_hidden_layers = layers  # `fastllama.forward` runs `model.layers[:num_hidden_layers]`
 
 
+class Lookup:
+    """A draft without a model (prompt lookup): it proposes the tokens that followed the latest earlier
+    occurrence of the context's last `ngram` tokens (of fewer, down to one, when there is none), each with
+    certainty, so q is a point mass and a proposal x is accepted with probability p(x). Nothing is
+    proposed where nothing matches (a plain step). Agents copy much of what they read (file contents,
+    commands of earlier turns), which is what it finds; it costs no forward."""
+
+    def __init__(self, ngram: int = 3) -> None:
+        if ngram < 1:
+            raise FlywheelError(f"draft 'lookup:{ngram}': the n-gram must be at least 1 token")
+        self.ngram = ngram
+
+    def propose(
+        self, context: list[int], k: int, vocab: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Up to `k` proposed ids and their point masses q [m, vocab] (None when m == 0)."""
+        found = continuation(np.asarray(context), self.ngram, k) if k > 0 else []
+        proposed = torch.tensor(found, dtype=torch.long, device=device)
+        if not found:
+            return proposed, None
+        return proposed, F.one_hot(proposed, vocab).float()
+
+
+def continuation(ctx: np.ndarray, ngram: int, k: int) -> list[int]:
+    """The (up to) `k` tokens after the latest earlier occurrence of `ctx`'s last n tokens, for the largest
+    n <= `ngram` that occurs; [] when none does."""
+    for n in range(min(ngram, len(ctx) - 1), 0, -1):
+        tail = ctx[-n:]
+        starts = np.flatnonzero(ctx[: len(ctx) - n] == tail[0])  # earlier starts only, not the tail itself
+        for j in range(1, n):
+            starts = starts[ctx[starts + j] == tail[j]]
+        if starts.size:
+            after = int(starts[-1]) + n
+            return ctx[after : after + k].tolist()
+    return []
+
+
 def check_vocabulary(spec: str, target, tokenizer, draft, draft_tokenizer) -> None:
     """Refuse a draft whose token ids do not mean what the target's do (tokenizer vocabulary and the
     model's `vocab_size` must both be the target's)."""
@@ -204,12 +246,19 @@ class Speculation:
         self.dist, self.rng = dist, rng
         self.context = list(prompt)
         self.target = _prefilled(LlamaRunner(target, steps + 1, store, packed), prompt)
-        self.draft = _prefilled(LlamaRunner(draft, steps, packed=draft_packed), prompt)
+        self.lookup = draft if isinstance(draft, Lookup) else None
+        self.draft = (
+            None if self.lookup else _prefilled(LlamaRunner(draft, steps, packed=draft_packed), prompt)
+        )
 
     def round(self, k: int) -> Round:
-        """Propose `k` tokens (0: plain decoding), verify them in one target forward, emit 1 to k+1."""
-        u = torch.rand(2 * k + 1, generator=self.rng).to(self.draft.device)
-        proposed, q = self._propose(k, u[:k])
+        """Propose `k` tokens (0: plain decoding; a lookup may find fewer), verify them in one target forward,
+        emit 1 to k+1."""
+        u = torch.rand(2 * k + 1, generator=self.rng).to(self.target.device)
+        if self.lookup is not None:
+            proposed, q = self.lookup.propose(self.context, k, self.target.model.config.vocab_size, u.device)
+        else:
+            proposed, q = self._propose(k, u[:k])
         n = len(self.context)
         last = torch.tensor([self.context[-1]], device=proposed.device)
         p = self.dist(_extend(self.target, torch.cat([last, proposed]), every=True))
@@ -218,9 +267,10 @@ class Speculation:
         j, token, *drafted = torch.cat([accepted.view(1), token.view(1), proposed]).tolist()
         tokens = [*drafted[:j], token]
         truncate(self.target.cache, n + j)  # it holds context + proposals: keep the accepted ones
-        truncate(self.draft.cache, n + j)
+        if self.draft is not None:
+            truncate(self.draft.cache, n + j)
         self.context += tokens
-        return Round(tokens, p.logprobs(tokens), [p.kept(i) for i in range(j + 1)], k, j)
+        return Round(tokens, p.logprobs(tokens), [p.kept(i) for i in range(j + 1)], proposed.numel(), j)
 
     def remember(self, ids: list[int]) -> None:
         """Keep the target's keys and values of `ids` (a prefix of the context) in its prefix store."""
@@ -229,6 +279,7 @@ class Speculation:
 
     def _propose(self, k: int, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """k tokens drawn from the draft, one forward each, and their distributions q [k, V]."""
+        assert self.draft is not None
         device = self.draft.device
         if k == 0:
             return torch.empty(0, dtype=torch.long, device=device), None

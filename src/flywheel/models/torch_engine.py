@@ -86,7 +86,7 @@ import torch
 from flywheel.errors import FlywheelError
 from flywheel.models.fastllama import LlamaRunner, PrefixStore, WeightsCache, unsupported
 from flywheel.models.hf import load_hf, resolve_device, resolve_dtype
-from flywheel.models.speculative import Dist, LayerSkip, Round, Speculation, check_vocabulary
+from flywheel.models.speculative import Dist, LayerSkip, Lookup, Round, Speculation, check_vocabulary
 from flywheel.protocols import Completion, Request
 
 ENGINE_OPTIONS = {
@@ -388,7 +388,7 @@ class TorchEngine:
         self.draft = self._load_draft(draft) if draft else None
         self.draft_weights = (
             WeightsCache(self.draft, pack=pack)
-            if self.draft is not None and not isinstance(self.draft, LayerSkip)
+            if self.draft is not None and not isinstance(self.draft, LayerSkip | Lookup)
             else None
         )
         self.spec_stats = dict.fromkeys(("target_steps", "proposed", "accepted", "tokens"), 0)
@@ -771,8 +771,13 @@ def torch_model_dir(spec: str):
 
 def load_draft(spec: str, model, tokenizer):
     """The draft `spec` names for speculative decoding of `model`: `layers:N` (`LayerSkip`: the model's own
-    first N layers), or an HF causal LM (`hf:PATH`, a directory, `smollm2-135m`, a shipped base) with
+    first N layers), `lookup` or `lookup:N` (`Lookup`: the context's own continuations of its last N tokens,
+    3 by default), or an HF causal LM (`hf:PATH`, a directory, `smollm2-135m`, a shipped base) with
     `tokenizer`'s vocabulary, loaded in `model`'s dtype on its device."""
+    if spec == "lookup" or spec.startswith("lookup:"):
+        if spec != "lookup" and not spec[7:].isdigit():
+            raise FlywheelError(f"draft '{spec}': use lookup or lookup:N with N a number of tokens")
+        return Lookup(int(spec[7:]) if spec != "lookup" else 3)
     if spec.startswith("layers:"):
         if not spec[7:].isdigit():
             raise FlywheelError(f"draft '{spec}': use layers:N with N a number of decoder layers")
