@@ -14,7 +14,8 @@ The forward behind the loop is a "runner" (`prefill`, `step`, `select`): for a `
 hand-written forward of `flywheel.models.fastllama` over a preallocated KV cache; for any other causal LM
 (or with `fast=False`), `HFRunner`, the model's own forward with a `DynamicCache`. Both read the model's
 parameters at every call, so weights updated in place between `generate` calls (an optimizer step) are
-used by the next call; the prefix store, the one thing derived from weights that is kept, is dropped then.
+used by the next call; what is derived from weights and kept (the prefix store, the packed matrices) is
+remade then.
 `engine.slow_reason` says why the fast path is off (None when on). On the CPU the fast path multiplies by a
 packed copy of the matrices (`fastllama.pack_weights`, remade when the weights change; `pack=False`
 turns it off and halves the weights' memory).
