@@ -171,6 +171,8 @@ def test_fusion_pairs_are_taken(repo, use_model, capsys):
             ["--repo", "{repo}", "--lead", "scripted-lead", "--sidekick", "toybugs-sweep", "fix"],
             "--lead scripted-lead",
         ),
+        (["--repo", "{repo}", "--model", "openai:x", "--draft", "lookup", "fix"], "--draft needs a torch"),
+        (["--repo", "{repo}", "--model", "toybugs-sweep", "--draft", "layers:9", "fix"], "4 decoder layers"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, fragment, repo, tmp_path, capsys):

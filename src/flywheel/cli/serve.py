@@ -28,7 +28,7 @@ from typing import Any
 import typer
 
 from flywheel.errors import FlywheelError
-from flywheel.models import SPECS
+from flywheel.models import SPECS, is_torch
 
 FOLLOW_POLL_S = 0.5  # how often a following server looks for a new version
 
@@ -83,14 +83,6 @@ def serve(
         typer.echo("stopping", err=True)
     finally:
         server.close()
-
-
-def is_torch(model: str) -> bool:
-    """Whether `model` names a torch engine (hf:PATH, smollm2-135m, a shipped base)."""
-    from flywheel.models import MODELS
-
-    kind = model.split(":", 1)[0] if ":" in model else model
-    return MODELS.get(kind, "").endswith(":load_torch_model")
 
 
 def following(model: str, url: str, **opts: Any) -> tuple[Any, Any]:

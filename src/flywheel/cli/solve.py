@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from flywheel.models import SCRIPTED
+from flywheel.models import SCRIPTED, is_torch
 
 if TYPE_CHECKING:
     from flywheel.eval.solve import SolveResult
@@ -42,6 +42,12 @@ def solve(
     ),
     temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling temperature."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampler."),
+    draft: str = typer.Option(
+        "",
+        "--draft",
+        help="Speculative decoding for a torch model: lookup[:N] (no model: what the context repeats), "
+        "layers:N or a model with its vocabulary. The answers' distribution is the model's own.",
+    ),
 ) -> None:
     """Let MODEL (or a LEAD with its SIDEKICK) work on REPO at INSTRUCTION; print the patch it made."""
     from flywheel.cli.eval import _policy
@@ -61,7 +67,12 @@ def solve(
                 f"{role} {spec}: the scripted models replay a task's reference fix, and a repository has none; "
                 "use a trained model (toybugs-sweep, hf:DIR) or openai:NAME"
             )
-    policy, cfg = _policy(lead or model, base_url, seed, temperature, 1.0, 1, action_format)
+    engine = {"draft": draft} if draft else None
+    if draft and not is_torch(lead or model):
+        raise FlywheelError(
+            f"--draft needs a torch model (hf:PATH, smollm2-135m or toybugs-sweep), not {lead or model}"
+        )
+    policy, cfg = _policy(lead or model, base_url, seed, temperature, 1.0, 1, action_format, engine)
     runner = None
     if sidekick:
         helper, helper_cfg = _policy(sidekick, base_url, seed, temperature, 1.0, 1)
