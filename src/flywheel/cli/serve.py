@@ -28,7 +28,7 @@ from typing import Any
 import typer
 
 from flywheel.errors import FlywheelError
-from flywheel.models import SPECS, is_torch
+from flywheel.models import SPECS, require_torch
 
 FOLLOW_POLL_S = 0.5  # how often a following server looks for a new version
 
@@ -57,10 +57,8 @@ def serve(
     from flywheel.models.server import ServerConfig, serve_model
 
     opts = {"draft": draft, "draft_tokens": draft_tokens} if draft else {}
-    if draft and not is_torch(model):
-        raise FlywheelError(
-            f"--draft needs a torch model (hf:PATH, smollm2-135m or toybugs-sweep), not {model}"
-        )
+    if draft:
+        require_torch(model, "--draft")
     follower = None
     if follow:
         policy, follower = following(model, follow, **opts)
@@ -93,10 +91,7 @@ def following(model: str, url: str, **opts: Any) -> tuple[Any, Any]:
     from flywheel.models.follow import Follower
     from flywheel.sync import Retry, StoreError, open_store
 
-    if not is_torch(model):
-        raise FlywheelError(
-            f"--follow needs a torch model (hf:PATH, smollm2-135m or toybugs-sweep), not {model}"
-        )
+    require_torch(model, "--follow")
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     log = logging.getLogger(__name__)
     try:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from flywheel.models import SCRIPTED, is_torch
+from flywheel.models import SCRIPTED, require_torch
 
 if TYPE_CHECKING:
     from flywheel.eval.solve import SolveResult
@@ -68,10 +68,8 @@ def solve(
                 "use a trained model (toybugs-sweep, hf:DIR) or openai:NAME"
             )
     engine = {"draft": draft} if draft else None
-    if draft and not is_torch(lead or model):
-        raise FlywheelError(
-            f"--draft needs a torch model (hf:PATH, smollm2-135m or toybugs-sweep), not {lead or model}"
-        )
+    if draft:
+        require_torch(lead or model, "--draft")
     policy, cfg = _policy(lead or model, base_url, seed, temperature, 1.0, 1, action_format, engine)
     runner = None
     if sidekick:

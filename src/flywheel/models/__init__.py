@@ -40,6 +40,14 @@ def is_torch(spec: str) -> bool:
     return MODELS.get(spec.split(":", 1)[0] if ":" in spec else spec) == MODELS["hf"]
 
 
+def require_torch(spec: str, option: str) -> None:
+    """Refuse `option` (e.g. `--draft`) for a model that does not run on the torch engine."""
+    if not is_torch(spec):
+        raise FlywheelError(
+            f"{option} needs a torch model (hf:PATH, smollm2-135m or toybugs-sweep), not {spec}"
+        )
+
+
 def get_model(spec: str, **opts: Any) -> Model:
     """The model backend named by `spec`; `opts` go to the backend (e.g. base_url, seed, context; the torch
     engine's device and dtype)."""
