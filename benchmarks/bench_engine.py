@@ -22,8 +22,10 @@ sides on the GPU (`auto`: the GPU when one is visible); the copy bandwidth is th
 timing waits for the GPU to finish, and `--threads` only sets the host's threads.
 
 `--draft SPEC` (`layers:N`, `lookup[:N]`, or a model directory with the same vocabulary) compares
-speculative decoding instead, at batch 1: the same requests (`--spec-prompts` of them, one at a time, at `--temperature`,
-top-p 0.95) through the engine with and without the draft, in the same process. It reports both tokens/s,
+speculative decoding instead, at batch 1: the same requests (`--spec-prompts` of them, one at a time, at
+`--temperature`, top-p 0.95) through the engine with and without the draft, in the same process.
+`--spec-batch B` runs both sides B requests at a time instead (the engine batches a lookup draft; model
+drafts always run one request at a time). It reports both tokens/s,
 the speed-up, accepted draft tokens per target step (verify forward), emitted tokens per target step, and
 the acceptance rate (accepted / proposed). The prefix store is off on both sides (the draft has none).
 `--spec-episodes RUN/trajectories.jsonl` runs that comparison on real agent turns instead: the
@@ -227,11 +229,12 @@ def bench_draft(
     dtype: str = "float32",
     device: torch.device = CPU,
     episodes: Path | None = None,
+    batch: int = 1,
 ) -> dict:
-    """Batch-1 tokens/s with and without `draft`, and the draft's acceptance (`episodes`: on the later turns
-    of recorded episodes, each to its natural end, instead of the fixed prompts)."""
+    """Tokens/s with and without `draft` at `batch`, and the draft's acceptance (`episodes`: on the later
+    turns of recorded episodes, each to its natural end, instead of the fixed prompts)."""
     model, tokenizer = load_hf(path, dtype=DTYPES[dtype], device=device)
-    opts = {"name": label, "ignore_eos": episodes is None, "max_batch": 1, "prefix_cache_mb": 0}
+    opts = {"name": label, "ignore_eos": episodes is None, "max_batch": batch, "prefix_cache_mb": 0}
     plain = TorchEngine(model, tokenizer, **opts)
     spec = TorchEngine(model, tokenizer, draft=draft, draft_tokens=draft_tokens, **opts)
     for engine in (plain, spec):  # warm-up
@@ -247,6 +250,7 @@ def bench_draft(
         "model": label,
         "draft": draft,
         "draft_tokens": draft_tokens,
+        "batch": batch,
         "temperature": temperature,
         "dtype": dtype,
         "device": device.type,
@@ -291,6 +295,9 @@ def main() -> None:
     ap.add_argument("--draft", default="", help="compare speculative decoding with this draft at batch 1")
     ap.add_argument("--draft-tokens", type=int, default=4, help="tokens the draft proposes per round")
     ap.add_argument("--spec-prompts", type=int, default=4, help="requests of the --draft comparison")
+    ap.add_argument(
+        "--spec-batch", type=int, default=1, help="batch of the --draft comparison (more than 1: lookup only)"
+    )
     ap.add_argument("--temperature", type=float, default=1.0, help="of the --draft comparison (0: greedy)")
     ap.add_argument(
         "--spec-episodes",
@@ -348,6 +355,7 @@ def main() -> None:
                         args.dtype,
                         device,
                         args.spec_episodes,
+                        args.spec_batch,
                     )
                 )
                 continue

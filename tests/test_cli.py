@@ -35,6 +35,10 @@ def test_help_lists_the_commands():
         (["frobnicate"], "No such command"),
         (["eval", "--suite", "x", "--model", "scripted", "--compaction", "no", "--out", "x"], "compaction"),
         (["eval", "--suite", "x", "--model", "scripted", "--compact-at", "0", "--out", "x"], "compact_at"),
+        (
+            ["eval", "--suite", "x", "--model", "scripted", "--draft", "lookup", "--out", "x"],
+            "--draft needs a torch",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, fragment, tmp_path):
@@ -85,6 +89,22 @@ def test_validate_and_eval_a_task_directory(clamp_task, tmp_path):
         ),
         "unknown effort",
     )
+    drafted = tmp_path / "r4"  # the shipped base, its turns decoded with a lookup draft
+    r = flywheel(
+        "eval",
+        "--suite",
+        clamp_task.root.parent,
+        "--model",
+        "toybugs-sweep",
+        "--draft",
+        "lookup",
+        "--out",
+        drafted,
+    )
+    assert r.returncode == 0, r.stderr
+    episode = json.loads((drafted / "trajectories.jsonl").read_text().splitlines()[0])
+    replies = [t for t in episode["turns"] if t["role"] == "assistant"]
+    assert replies and all(len(t["token_ids"]) == len(t["logprobs"]) > 0 for t in replies)
 
 
 def test_a_reader_that_stops_early_gets_no_traceback(clamp_task):

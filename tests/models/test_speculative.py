@@ -211,8 +211,9 @@ def test_seeded_requests_are_reproducible_with_the_same_draft(target):
     assert engine(target, "layers:2").generate([other])[0].token_ids != first.token_ids
 
 
-def test_limits_and_stops_cut_a_multi_token_round(target, plain):
-    spec = engine(target, "layers:4", draft_tokens=8)  # greedy: every round emits up to 9 tokens
+@pytest.mark.parametrize("draft", ["layers:4", "lookup:1"])
+def test_limits_and_stops_cut_a_multi_token_round(target, plain, draft):
+    spec = engine(target, draft, draft_tokens=8)  # greedy: `layers:4` rounds emit up to 9 tokens
     base = plain.generate([ask("hello", max_tokens=40, temperature=0.0)])[0]
     short = spec.generate([ask("hello", max_tokens=5, temperature=0.0)])[0]
     assert (short.finish_reason, short.token_ids) == ("length", base.token_ids[:5])
@@ -225,18 +226,19 @@ def test_limits_and_stops_cut_a_multi_token_round(target, plain):
     assert got.token_ids == want.token_ids and len(got.token_ids) < len(base.token_ids)
 
     eos = base.token_ids[6]
-    stopped = TorchEngine(*target, eos_ids=[eos], draft="layers:4", draft_tokens=8)
+    stopped = TorchEngine(*target, eos_ids=[eos], draft=draft, draft_tokens=8)
     got = stopped.generate([ask("hello", max_tokens=40, temperature=0.0)])[0]
     assert got.finish_reason == "stop" and got.token_ids == base.token_ids[: base.token_ids.index(eos) + 1]
 
     room = len(base.prompt_ids) + 7
-    tight = TorchEngine(*target, max_context=room, draft="layers:4", draft_tokens=8)
+    tight = TorchEngine(*target, max_context=room, draft=draft, draft_tokens=8)
     got = tight.generate([ask("hello", max_tokens=40, temperature=0.0)])[0]
     assert (got.finish_reason, got.token_ids) == ("context", base.token_ids[:7])
 
 
-def test_a_next_turn_prefills_from_the_targets_stored_prefix(target, plain):
-    spec = engine(target, "layers:2")
+@pytest.mark.parametrize("draft", ["layers:2", "lookup"])
+def test_a_next_turn_prefills_from_the_targets_stored_prefix(target, plain, draft):
+    spec = engine(target, draft)
     first = [{"role": "user", "content": PROMPTS[0]}]
     answer = spec.generate([Request(first, max_tokens=20, temperature=0.0)])[0]
     turn = [*first, {"role": "assistant", "content": answer.text}, {"role": "user", "content": "and now?"}]
@@ -271,6 +273,43 @@ def test_lookup_drafts_what_the_context_repeats_and_stays_exact(target, plain):
             assert math.isclose(lp, ref_lp, abs_tol=2e-4)
     stats = spec.spec_stats
     assert 0 < stats["accepted"] <= stats["proposed"]  # the answer's command comes again
+
+
+def test_a_lookup_batch_decides_each_row_as_if_alone(target, plain):
+    """One generate call, one batch: greedy rows give the plain engine's tokens whatever their neighbours
+    propose, and each seeded row samples what it samples alone, with the target's log-probs and kept sets,
+    at its own temperature and top-p; rows leave the batch at their limits, stops and context."""
+    first = [{"role": "user", "content": PROMPTS[0]}]
+    answer = plain.generate([Request(first, max_tokens=60, temperature=0.0)])[0]
+    turn = [*first, {"role": "assistant", "content": answer.text}, {"role": "user", "content": "exit code 1"}]
+    base = plain.generate([ask("hello", max_tokens=40, temperature=0.0)])[0]
+    full = plain.tokenizer.decode(base.token_ids, skip_special_tokens=True)
+    greedy = [
+        Request(turn, max_tokens=40, temperature=0.0),
+        ask("hello", max_tokens=5, temperature=0.0),
+        ask("hello", max_tokens=40, temperature=0.0, stop=[full[10:13]]),
+        ask(PROMPTS[1], max_tokens=30, temperature=0.0),
+    ]
+    sampled = [
+        Request(turn, max_tokens=32, temperature=1.0, top_p=0.9, seed=1),
+        Request(turn, max_tokens=20, temperature=0.7, top_p=1.0, seed=2),
+        ask(PROMPTS[2], max_tokens=24, temperature=1.3, top_p=0.95, seed=3),
+    ]
+    spec = engine(target, "lookup", draft_tokens=4)
+    together = spec.generate([*greedy, *sampled])
+    for got, want in zip(together[: len(greedy)], plain.generate(greedy), strict=True):
+        assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, want.finish_reason)
+    for req, got in zip(sampled, together[len(greedy) :], strict=True):
+        alone = engine(target, "lookup", draft_tokens=4).generate([req])[0]
+        assert got.token_ids == alone.token_ids and got.finish_reason == alone.finish_reason
+        refs = replay(target[0], got, req.temperature, req.top_p)
+        for token, lp, kept, (ref_lp, ref_kept) in zip(
+            got.token_ids, got.logprobs, got.kept, refs, strict=True
+        ):
+            assert token in ref_kept and math.isclose(lp, ref_lp, abs_tol=2e-4)
+            assert kept == (None if req.top_p >= 1 else ref_kept)
+    stats = spec.spec_stats
+    assert 0 < stats["accepted"] <= stats["proposed"] and stats["target_steps"] < stats["tokens"]
 
 
 def test_unusable_drafts_are_refused(target, tmp_path):

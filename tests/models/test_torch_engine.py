@@ -205,15 +205,20 @@ def test_sample_step_nucleus_by_hand():
     assert wider.tokens.tolist() == [1]
 
 
-def test_sample_step_mixed_rows_and_wide_nucleus():
+@pytest.mark.parametrize("vocab", [500, 1000])  # one sort; a top-k, then `wide_nucleus` for the flat row
+def test_sample_step_mixed_rows_and_wide_nucleus(vocab):
     torch.manual_seed(0)
-    logits = torch.randn(3, 1000) * 0.01  # nearly flat: the nucleus is wider than the first top-k
+    logits = torch.randn(3, vocab) * 0.01  # nearly flat: the nucleus is wider than the first top-k
     temp = torch.tensor([0.0, 1.0, 1.0])
     top_p = torch.tensor([1.0, 1.0, 0.9])
     s = sample_step(logits, temp, top_p, torch.tensor([0.3, 0.3, 0.3]))
     assert s.tokens[0].item() == logits[0].argmax().item() and s.logprobs[0].item() == 0.0
-    assert s.kept_rows.tolist() == [0, 2]
-    assert s.kept_n.tolist()[0] == 1 and 850 < s.kept_n.tolist()[1] < 950
+    if vocab <= 2 * torch_engine.TOPK_FIRST:
+        assert s.kept_rows.tolist() == [0, 2] and s.kept_n.tolist()[0] == 1
+        assert 0.85 * vocab < s.kept_n.tolist()[1] < 0.95 * vocab
+    else:
+        assert s.kept_rows.tolist() == [0] and s.kept_n.tolist() == [1] and s.wide_rows.tolist() == [2]
+        assert 0.85 * vocab < s.wide_mask[0].sum().item() < 0.95 * vocab
     full = torch.log_softmax(logits[1], -1)
     assert math.isclose(s.logprobs[1].item(), full[s.tokens[1]].item(), abs_tol=1e-5)
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from flywheel.models import SPECS, is_torch
+from flywheel.models import SPECS, is_torch, require_torch
 from flywheel.record import Trajectory
 
 ACTION_FORMATS = ("auto", "native", "tagged")
@@ -83,6 +83,14 @@ def eval_(
     dtype: str = typer.Option(
         "float32", "--dtype", help="Torch engine models: float32 or bfloat16 (weights and KV cache)."
     ),
+    draft: str = typer.Option(
+        "",
+        "--draft",
+        help="Speculative decoding for a torch model: lookup[:N] (no model: what the context repeats; "
+        "batches like the plain engine), layers:N or a model with its vocabulary (one episode's turn at a "
+        "time). The distribution, log-probs and kept sets are the model's own.",
+    ),
+    draft_tokens: int = typer.Option(4, "--draft-tokens", min=1, help="Tokens the draft proposes per round."),
     compare: bool = typer.Option(
         False,
         "--compare",
@@ -104,6 +112,9 @@ def eval_(
     if compare and not lead:
         raise FlywheelError("--compare needs --lead and --sidekick")
     engine = {"device": resolve_device(device, "--device").type, "dtype": resolve_dtype(dtype, "--dtype")}
+    if draft:
+        require_torch(lead or model, "--draft")
+        engine.update(draft=draft, draft_tokens=draft_tokens)
     get_effort(effort)  # a bad effort, compaction, device or dtype fails before anything loads
     HarnessConfig(compaction=compaction, compact_at=compact_at)
     if sidekick_effort:

@@ -293,9 +293,10 @@ def truncate(cache: KVCache, length: int) -> None:
     cache.length = min(cache.length, length)
 
 
-def row_kv(cache: KVCache, row: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Copies of the keys and values of `row`'s real tokens, in order: `[layers, kv_heads, n, head_dim]`."""
-    cols = cache.valid[row, : cache.length].nonzero().squeeze(1)
+def row_kv(cache: KVCache, row: int, n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of the keys and values of `row`'s real tokens (its first `n`), in order:
+    `[layers, kv_heads, n, head_dim]`."""
+    cols = cache.valid[row, : cache.length].nonzero().squeeze(1)[:n]
     return cache.k[:, row].index_select(2, cols), cache.v[:, row].index_select(2, cols)
 
 

@@ -76,6 +76,7 @@ from flywheel.models.fastllama import (
     decode,
     prefill_after,
     reserve,
+    row_kv,
     truncate,
 )
 
@@ -246,19 +247,13 @@ class Speculation:
         self.dist, self.rng = dist, rng
         self.context = list(prompt)
         self.target = _prefilled(LlamaRunner(target, steps + 1, store, packed), prompt)
-        self.lookup = draft if isinstance(draft, Lookup) else None
-        self.draft = (
-            None if self.lookup else _prefilled(LlamaRunner(draft, steps, packed=draft_packed), prompt)
-        )
+        self.draft = _prefilled(LlamaRunner(draft, steps, packed=draft_packed), prompt)
 
     def round(self, k: int) -> Round:
         """Propose `k` tokens (0: plain decoding; a lookup may find fewer), verify them in one target forward,
         emit 1 to k+1."""
         u = torch.rand(2 * k + 1, generator=self.rng).to(self.target.device)
-        if self.lookup is not None:
-            proposed, q = self.lookup.propose(self.context, k, self.target.model.config.vocab_size, u.device)
-        else:
-            proposed, q = self._propose(k, u[:k])
+        proposed, q = self._propose(k, u[:k])
         n = len(self.context)
         last = torch.tensor([self.context[-1]], device=proposed.device)
         p = self.dist(_extend(self.target, torch.cat([last, proposed]), every=True))
@@ -267,8 +262,7 @@ class Speculation:
         j, token, *drafted = torch.cat([accepted.view(1), token.view(1), proposed]).tolist()
         tokens = [*drafted[:j], token]
         truncate(self.target.cache, n + j)  # it holds context + proposals: keep the accepted ones
-        if self.draft is not None:
-            truncate(self.draft.cache, n + j)
+        truncate(self.draft.cache, n + j)
         self.context += tokens
         return Round(tokens, p.logprobs(tokens), [p.kept(i) for i in range(j + 1)], proposed.numel(), j)
 
@@ -279,7 +273,6 @@ class Speculation:
 
     def _propose(self, k: int, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """k tokens drawn from the draft, one forward each, and their distributions q [k, V]."""
-        assert self.draft is not None
         device = self.draft.device
         if k == 0:
             return torch.empty(0, dtype=torch.long, device=device), None
@@ -292,6 +285,142 @@ class Speculation:
             if i + 1 < k:
                 logits = _extend(self.draft, tokens[-1].view(1))
         return torch.stack(tokens), torch.stack(qs)
+
+
+# ------------------------------------------------------------------------------------ a batch, lookup
+
+
+class LookupBatch:
+    """Several sequences decoded speculatively with a `Lookup` draft, one target forward a round for all.
+
+    A lookup costs no forward, so nothing stops a batch from speculating together: each round every row
+    proposes up to its own k tokens, and one forward of the target verifies all of them, left-padded to the
+    longest (`fastllama.prefill_after` with every position's logits). Each row then decides alone, by the
+    rule of `speculate`, with its own uniforms (2k+1 a round from its request's generator, as `Speculation`
+    draws them), so a row's tokens do not depend on its neighbours. Rejected proposals stay in the target's
+    cache as columns masked out of attention (rows of one batch share columns, so one row cannot roll back
+    alone); their rotary positions are handed back, so the next token sits where it would have.
+
+    Between rounds row j's cache holds its context without the last token, like `Speculation`'s, except
+    right after the prefill: the prompt is prefilled whole, and the first round takes the last prompt
+    position's logits from it. `settings[j]` is row j's (temperature, top-p); `dist(logits, temperature,
+    top_p)` gives the engine's sampling distributions (`torch_engine.distribution`).
+    """
+
+    def __init__(
+        self,
+        target,
+        lookup: Lookup,
+        prompts: list[list[int]],
+        steps: int,
+        settings: list[tuple[float, float]],
+        dist: Callable[[torch.Tensor, float, float], Dist],
+        rngs: list[torch.Generator],
+        store: PrefixStore | None = None,
+        packed: Packed | None = None,
+    ) -> None:
+        self.lookup, self.dist = lookup, dist
+        self.settings, self.rngs = list(settings), list(rngs)
+        self.contexts = [list(p) for p in prompts]
+        self.vocab = target.config.vocab_size
+        self.target = LlamaRunner(target, steps, store, packed)
+        ids, mask = _left_padded(self.contexts)
+        self.pending: torch.Tensor | None = self.target.prefill(ids, mask)  # [B, V]: the next position's
+
+    def round(self, ks: list[int]) -> list[Round]:
+        """Row j proposes up to `ks[j]` tokens (0: a plain step); one forward verifies them all; each row
+        emits 1 to ks[j]+1 tokens."""
+        device = self.target.device
+        us = [torch.rand(2 * k + 1, generator=g).to(device) for k, g in zip(ks, self.rngs, strict=True)]
+        found = [
+            continuation(np.asarray(c), self.lookup.ngram, k) if k else []
+            for c, k in zip(self.contexts, ks, strict=True)
+        ]
+        feed = [
+            d if self.pending is not None else [c[-1], *d] for c, d in zip(self.contexts, found, strict=True)
+        ]
+        width = max(map(len, feed))
+        logits = self._verify(feed, width) if width else None
+        rows = []  # the target's logits at each row's positions: its context's last, then each proposal
+        for j, fed in enumerate(feed):
+            parts = [] if self.pending is None else [self.pending[j : j + 1]]
+            if fed:
+                assert logits is not None
+                parts.append(logits[j, width - len(fed) :])
+            rows.append(torch.cat(parts))
+        dists = self._distributions(rows)
+        out = []
+        for j, (d, p, u, k) in enumerate(zip(found, dists, us, ks, strict=True)):
+            proposed = torch.tensor(d, dtype=torch.long, device=device)
+            q = F.one_hot(proposed, self.vocab).float() if d else p.probs[:0]
+            accepted, token = speculate(p.probs, q, proposed, u[k:])
+            n = int(accepted)
+            tokens = [*d[:n], int(token)]
+            self._reject(j, len(d) - n)
+            self.contexts[j] += tokens
+            out.append(Round(tokens, p.logprobs(tokens), [p.kept(i) for i in range(n + 1)], len(d), n))
+        self.pending = None
+        return out
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only `rows` (positions in the current batch), in that order."""
+        idx = torch.tensor(rows, dtype=torch.long)
+        self.contexts = [self.contexts[j] for j in rows]
+        self.settings = [self.settings[j] for j in rows]
+        self.rngs = [self.rngs[j] for j in rows]
+        if self.pending is not None:
+            self.pending = self.pending[idx.to(self.pending.device)]
+        self.target.select(idx)
+
+    def remember(self, row: int, ids: list[int]) -> None:
+        """Keep `row`'s keys and values of `ids` (a prefix of what it was fed) in the target's prefix store."""
+        store, cache = self.target.store, self.target.cache
+        if store is not None and cache is not None:
+            k, v = row_kv(cache, row, len(ids))
+            assert k.shape[2] == len(ids), (k.shape, len(ids))
+            store.add(ids, k, v)
+
+    def _verify(self, feed: list[list[int]], width: int) -> torch.Tensor:
+        """Every row's fed tokens, left-padded to `width`, through the target: logits [B, width, V]."""
+        runner = self.target
+        assert runner.cache is not None
+        runner.cache = reserve(runner.cache, width)
+        ids, mask = _left_padded(feed, width)
+        return prefill_after(
+            runner.model, runner.cache, ids.to(runner.device), mask.to(runner.device), True, runner.packed
+        )
+
+    def _distributions(self, rows: list[torch.Tensor]) -> list[Dist]:
+        """`dist` over each row's logits, one call for all rows that share their sampling settings."""
+        out: list[Dist | None] = [None] * len(rows)
+        for setting in dict.fromkeys(self.settings):
+            members = [j for j, s in enumerate(self.settings) if s == setting]
+            d = self.dist(torch.cat([rows[j] for j in members]), *setting)
+            at = 0
+            for j in members:
+                n = rows[j].shape[0]
+                out[j] = Dist(d.probs[at : at + n], None if d.keep is None else d.keep[at : at + n])
+                at += n
+        return [d for d in out if d is not None]
+
+    def _reject(self, row: int, count: int) -> None:
+        """Mask out `row`'s last `count` fed columns (its rejected proposals) and hand back their positions."""
+        cache = self.target.cache
+        if count and cache is not None:
+            cache.valid[row, cache.length - count : cache.length] = False
+            cache.next_pos[row] -= count
+
+
+def _left_padded(rows: list[list[int]], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rows` of token ids right-aligned in [B, width] (ids, mask 1 on real tokens)."""
+    width = max(map(len, rows)) if width is None else width
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for j, r in enumerate(rows):
+        if r:
+            ids[j, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[j, width - len(r) :] = 1
+    return ids, mask
 
 
 def _prefilled(runner: LlamaRunner, prompt: list[int]) -> LlamaRunner:

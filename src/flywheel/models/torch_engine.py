@@ -87,7 +87,15 @@ import torch
 from flywheel.errors import FlywheelError
 from flywheel.models.fastllama import LlamaRunner, PrefixStore, WeightsCache, unsupported
 from flywheel.models.hf import load_hf, resolve_device, resolve_dtype
-from flywheel.models.speculative import Dist, LayerSkip, Lookup, Round, Speculation, check_vocabulary
+from flywheel.models.speculative import (
+    Dist,
+    LayerSkip,
+    Lookup,
+    LookupBatch,
+    Round,
+    Speculation,
+    check_vocabulary,
+)
 from flywheel.protocols import Completion, Request
 
 ENGINE_OPTIONS = {
@@ -215,7 +223,7 @@ def topk_nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor):
     one top-k: `wide` marks the rows whose nucleus is wider than the top-k of a large vocabulary (their
     sizes are meaningless: `wide_nucleus` finds theirs). top_p 0 keeps exactly the top token (greedy)."""
     k = min(TOPK_FIRST, scaled.shape[1])
-    if 8 * k >= scaled.shape[1]:  # a small vocabulary: one sort is as cheap as a top-k
+    if 2 * k >= scaled.shape[1]:  # a vocabulary this small: one sort is as cheap as a top-k
         k = scaled.shape[1]
     vals, ids = (
         torch.topk(scaled, k, dim=-1) if k < scaled.shape[1] else torch.sort(scaled, dim=-1, descending=True)
@@ -406,7 +414,7 @@ class TorchEngine:
             else:
                 todo.append(item)
         todo.sort(key=lambda s: len(s.prompt))
-        size = 1 if self.draft is not None else self.max_batch
+        size = 1 if self.draft is not None and not isinstance(self.draft, Lookup) else self.max_batch
         for start in range(0, len(todo), size):
             done.update(self._run_chunk(todo[start : start + size]))
         return [done[i] for i in range(len(requests))]
@@ -434,7 +442,9 @@ class TorchEngine:
     def _run_chunk(self, chunk: list[_Seq]) -> dict[int, Completion]:
         try:
             with torch.inference_mode():
-                if self.draft is not None:
+                if isinstance(self.draft, Lookup):
+                    self._decode_lookup(chunk)
+                elif self.draft is not None:
                     self._decode_speculative(chunk[0])
                 else:
                     self._decode(chunk)
@@ -549,17 +559,52 @@ class TorchEngine:
         eos = set() if self.ignore_eos else set(self.eos_ids)
         while seq.finish is None:
             # a round emits at most k + 1 tokens: never propose past the budget
-            r = spec.round(min(self.draft_tokens, seq.budget - len(seq.tokens) - 1))
-            for token, logprob, kept in zip(r.tokens, r.logprobs, r.kept, strict=True):
-                seq.tokens.append(token)
-                seq.logprobs.append(logprob)
-                seq.kept.append(kept)
-                _announce([seq], torch.tensor([token]))
-                if self._spec_finished(seq, eos):
-                    break
-            self._count(r)
-        seq.n = len(seq.tokens)
+            self._emit(seq, spec.round(min(self.draft_tokens, seq.budget - len(seq.tokens) - 1)), eos)
         spec.remember(seq.prompt + seq.tokens[:-1])  # what the target was fed, as the plain loop stores it
+
+    def _decode_lookup(self, seqs: list[_Seq]) -> None:
+        """Generate `seqs` together with the lookup draft (`LookupBatch`): each round, every row proposes up
+        to `draft_tokens` and one forward verifies them all; a row leaves the batch when it finishes."""
+        assert self.weights is not None and isinstance(self.draft, Lookup)
+        spec = LookupBatch(
+            self.model,
+            self.draft,
+            [s.prompt for s in seqs],
+            max(s.budget for s in seqs) + self.draft_tokens,
+            [(float(s.request.temperature), float(s.request.top_p)) for s in seqs],
+            dist=distribution,
+            rngs=[_request_rng(s.request.seed, self.rng) for s in seqs],
+            store=self.prefix_store,
+            packed=self.weights.refresh(),
+        )
+        eos = set() if self.ignore_eos else set(self.eos_ids)
+        active = list(seqs)
+        while active:
+            rounds = spec.round([min(self.draft_tokens, s.budget - len(s.tokens) - 1) for s in active])
+            keep = []
+            for j, (seq, r) in enumerate(zip(active, rounds, strict=True)):
+                self._emit(seq, r, eos)
+                if seq.finish is None:
+                    keep.append(j)
+                else:
+                    spec.remember(j, seq.prompt + seq.tokens[:-1])
+            if len(keep) < len(active):
+                active = [active[j] for j in keep]
+                if active:
+                    spec.select(keep)
+
+    def _emit(self, seq: _Seq, r: Round, eos: set[int]) -> None:
+        """Append a round's tokens to `seq`, one by one, up to the first that ends it (EOS, a stop string, the
+        budget): what follows is dropped."""
+        for token, logprob, kept in zip(r.tokens, r.logprobs, r.kept, strict=True):
+            seq.tokens.append(token)
+            seq.logprobs.append(logprob)
+            seq.kept.append(kept)
+            _announce([seq], torch.tensor([token]))
+            if self._spec_finished(seq, eos):
+                seq.n = len(seq.tokens)
+                break
+        self._count(r)
 
     def _spec_finished(self, seq: _Seq, eos: set[int]) -> bool:
         if seq.tokens[-1] in eos or (seq.request.stop and self._ends_in_stop(seq.tokens, seq.request.stop)):
