@@ -14,8 +14,9 @@ an empty one is waited on (the model's own weights are served, with no version, 
 
 `--draft SPEC` serves a torch model with exact speculative decoding (`flywheel.models.speculative`):
 `lookup` (the context's own continuations, no model; 1.3-1.45x at batch 1 on agent turns), `layers:N` or
-a model with the same vocabulary. With a draft the engine generates requests one at a time, so it suits
-one client at a time (an agent's session); many concurrent clients are served faster without one.
+a model with the same vocabulary. It pays for one client at a time (an agent's session): a lookup draft
+batches concurrent requests as the plain engine does but gains nothing there, and with a model draft
+requests run one at a time, so many concurrent clients are served faster without one.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def serve(
         "",
         "--draft",
         help="Speculative decoding for a torch model: lookup[:N], layers:N or a model with its vocabulary. "
-        "Requests then run one at a time: for one client at a time, not for many at once.",
+        "It pays for one client at a time, not for many at once (a model draft runs requests one by one).",
     ),
     draft_tokens: int = typer.Option(4, "--draft-tokens", min=1, help="Tokens the draft proposes per round."),
 ) -> None:

@@ -51,9 +51,12 @@ Drafts (`draft=`):
   `FlywheelError` (`check_vocabulary`). It is loaded in the target's dtype on its device and stays fixed;
   a stale draft costs speed, never exactness.
 
-What is not covered: batching (with a draft, requests are generated one at a time: batch 1 is where
-decoding is bound by reading the weights and verifying k+1 positions costs about one step); models the
-fast Llama forward cannot run (`fastllama.unsupported`), as target or draft, are refused; the draft does
+Batches: a lookup draft decodes a whole batch together (`LookupBatch`: each row proposes its own
+tokens, one target forward verifies every row's, each row decides alone); a model draft generates one
+request at a time (`Speculation`: batch 1 is where decoding is bound by reading the weights, so verifying
+k+1 positions costs about one step; batching a draft model's own cache is not built).
+
+What is not covered: models the fast Llama forward cannot run (`fastllama.unsupported`), as target or draft, are refused; the draft does
 not use the prefix store (the target does, as in the plain loop); `k` is fixed, not adapted to the
 acceptance rate.
 """

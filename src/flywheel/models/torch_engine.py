@@ -63,7 +63,8 @@ Speculative decoding (`draft=`, `draft_tokens=`; `flywheel.models.speculative`):
 model's own first N layers) or an HF causal LM with the same vocabulary, proposes `draft_tokens` tokens;
 the model verifies them in one forward and keeps them by rejection sampling, so each emitted token is
 drawn from the distribution above and its log-prob and kept set are the model's own, computed by
-`distribution` (the same nucleus). With a draft, requests run one at a time (batch 1) on the fast path;
+`distribution` (the same nucleus). A `lookup` draft decodes whole batches as the plain loop does; with a
+model draft (`layers:N` or a model), requests run one at a time (batch 1), both on the fast path;
 greedy tokens are the plain loop's, a seeded request's sampled tokens differ from the plain loop's (its
 uniforms are consumed differently) but follow the same distribution. `spec_stats` counts target steps
 (verify forwards), proposed and accepted draft tokens, and emitted tokens. Without a draft nothing changes.
@@ -392,7 +393,7 @@ class TorchEngine:
             self.rng.seed()
         else:
             self.rng.manual_seed(seed)
-        # speculative decoding (flywheel.models.speculative): requests one at a time, `draft_tokens` per round
+        # speculative decoding (flywheel.models.speculative): up to `draft_tokens` proposed a round
         self.draft_tokens = draft_tokens
         self.draft = self._load_draft(draft) if draft else None
         self.draft_weights = (
