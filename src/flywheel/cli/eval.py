@@ -83,6 +83,13 @@ def eval_(
     dtype: str = typer.Option(
         "float32", "--dtype", help="Torch engine models: float32 or bfloat16 (weights and KV cache)."
     ),
+    threads: int = typer.Option(
+        1,
+        "--threads",
+        min=0,
+        help="Torch engine models: torch's intra-op threads (0: torch's default, one per core). One is "
+        "fastest where the sandboxed commands run beside the engine on a small machine.",
+    ),
     draft: str = typer.Option(
         "",
         "--draft",
@@ -115,6 +122,10 @@ def eval_(
     if draft:
         require_torch(lead or model, "--draft")
         engine.update(draft=draft, draft_tokens=draft_tokens)
+    if threads and any(is_torch(spec) for spec in (model, lead, sidekick) if spec):
+        import torch
+
+        torch.set_num_threads(threads)
     get_effort(effort)  # a bad effort, compaction, device or dtype fails before anything loads
     HarnessConfig(compaction=compaction, compact_at=compact_at)
     if sidekick_effort:
