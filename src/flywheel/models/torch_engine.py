@@ -67,7 +67,8 @@ drawn from the distribution above and its log-prob and kept set are the model's 
 model draft (`layers:N` or a model), requests run one at a time (batch 1), both on the fast path;
 greedy tokens are the plain loop's, a seeded request's sampled tokens differ from the plain loop's (its
 uniforms are consumed differently) but follow the same distribution. `spec_stats` counts target steps
-(verify forwards), proposed and accepted draft tokens, and emitted tokens. Without a draft nothing changes.
+(verify forwards; in a lookup batch, one per row and round), proposed and accepted draft tokens, and
+emitted tokens. Without a draft nothing changes.
 
 The fallback template (a tokenizer without a chat template) renders each message as
 `<|role|>\\ncontent\\n` and ends with `<|assistant|>\\n`.
