@@ -93,9 +93,9 @@ def eval_(
     draft: str = typer.Option(
         "",
         "--draft",
-        help="Speculative decoding for a torch model: lookup[:N] (no model: what the context repeats; "
-        "batches like the plain engine), layers:N or a model with its vocabulary (one episode's turn at a "
-        "time). The distribution, log-probs and kept sets are the model's own.",
+        help="Speculative decoding for a torch model: lookup[:N] (no model: what the context repeats), "
+        "layers:N or a model with its vocabulary (which runs turns one at a time). It pays at "
+        "--concurrency 1, hardly in batches. The distribution, log-probs and kept sets are the model's own.",
     ),
     draft_tokens: int = typer.Option(4, "--draft-tokens", min=1, help="Tokens the draft proposes per round."),
     compare: bool = typer.Option(
