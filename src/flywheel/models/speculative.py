@@ -173,16 +173,6 @@ class Lookup:
             raise FlywheelError(f"draft 'lookup:{ngram}': the n-gram must be at least 1 token")
         self.ngram = ngram
 
-    def propose(
-        self, context: list[int], k: int, vocab: int, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Up to `k` proposed ids and their point masses q [m, vocab] (None when m == 0)."""
-        found = continuation(np.asarray(context), self.ngram, k) if k > 0 else []
-        proposed = torch.tensor(found, dtype=torch.long, device=device)
-        if not found:
-            return proposed, None
-        return proposed, F.one_hot(proposed, vocab).float()
-
 
 def continuation(ctx: np.ndarray, ngram: int, k: int) -> list[int]:
     """The (up to) `k` tokens after the latest earlier occurrence of `ctx`'s last n tokens, for the largest
