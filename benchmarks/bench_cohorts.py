@@ -23,7 +23,7 @@ import torch
 
 from flywheel.eval.run import efforts_for, make_specs, rollout
 from flywheel.models.torch_engine import load_torch_model
-from flywheel.rl.config import RunConfig, load_config
+from flywheel.rl.config import load_config
 from flywheel.rl.train import harness_config, model_spec
 from flywheel.tasks import load_suite
 
@@ -49,7 +49,7 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    run = load_config(args.config, RunConfig)
+    run = load_config(args.config)
     r = run.rollout
     tasks = load_suite(args.suite, split=args.split)[: args.tasks]
     specs = make_specs(tasks, efforts_for([args.effort], r.max_turns, r.max_tokens), args.group, args.seed)

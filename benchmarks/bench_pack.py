@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     from flywheel.rl.config import load_config
     from flywheel.rl.pack import PrefixPack
     from flywheel.rl.train import harness_config, load_tasks
-    from flywheel.rl.trainer import Trainer, turns_of
+    from flywheel.rl.trainer import Trainer
+    from flywheel.rubric import turns_of
 
     torch.set_num_threads(args.threads)
     cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "learn.toml")

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
 def main() -> None:
-    from flywheel.models.actions import FormatError, parse_tagged, restore_stop
+    from flywheel.actions import FormatError, parse_tagged, restore_stop
     from flywheel.models.scripted import SEARCH_SHOW, SWEEP_PAIRS, sweep_command
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

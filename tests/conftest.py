@@ -68,7 +68,7 @@ def clamp_task(tmp_path: Path) -> Task:
 def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny base policy from `flywheel sft configs/sft-quick.toml` (real imitation data, real training),
     built once per test run."""
-    from flywheel.rl.config import load_config
+    from flywheel.settings import load_config
     from flywheel.sft import SftConfig, run_sft
 
     cfg = load_config(ROOT / "configs" / "sft-quick.toml", SftConfig)

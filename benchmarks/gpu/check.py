@@ -589,7 +589,7 @@ def sft_data_key(cfg) -> str:
 def stage() -> None:
     """Make the files the GPU machine needs (network needed here): wheels, the split GGUF, the SFT data."""
     from flywheel.models.hf import find_gguf
-    from flywheel.rl.config import from_dict
+    from flywheel.settings import from_dict
     from flywheel.sft.imitate import SftConfig, collect
     from flywheel.tasks import cache_dir
 

@@ -12,8 +12,9 @@ policy on which the whole loop, and a measurable gain, can run on two cores in m
 4. set λ per effort level from the base's frontier: its three (cost, success) points, one per level;
 5. train with RL, all three effort levels in one run, for a few minutes;
 6. evaluate the trained policy on the same held-out tasks;
-7. print a before/after table with each level's gain, and write `runs/demo/pareto.png` (success against
-   cost per effort level) and `runs/demo/report.html` (`flywheel report runs/demo`).
+7. print a before/after table with each level's gain and its paired interval (both policies attempt the
+   same tasks), and write `runs/demo/pareto.png` (success against cost per effort level) and
+   `runs/demo/report.html` (`flywheel report runs/demo`).
 
 Everything measured runs live; only the base's weights are shipped. Everything goes under `runs/demo/`.
 Sizes come from `configs/demo.toml`; the environment can shrink them: FLYWHEEL_DEMO_MINUTES (training
@@ -24,7 +25,6 @@ levels take at most 48 of the same tasks).
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import sys
@@ -88,13 +88,16 @@ def plot(before: dict, after: dict, path: Path) -> None:
     fig.savefig(path)
 
 
-def gain(before: dict, after: dict) -> tuple[float, float, float]:
-    """Trained minus base success, with Newcombe's 95% interval for a difference of two proportions
-    (from each side's Wilson interval)."""
-    p1, (l1, u1) = before["success_rate"], before["success_ci95"]
-    p2, (l2, u2) = after["success_rate"], after["success_ci95"]
-    d = p2 - p1
-    return d, d - math.hypot(p2 - l2, u1 - p1), d + math.hypot(u2 - p2, p1 - l1)
+def paired_gains(out: Path, efforts: list[str]) -> dict[str, dict]:
+    """Each level's trained minus base success on the same tasks, paired by task, with its 95% interval
+    (`flywheel.eval.paired_gain`), from the two evaluations' trajectories under `out`."""
+    from flywheel.eval import paired_gain
+    from flywheel.record import read_trajectories
+
+    def records(policy: str, effort: str) -> list:
+        return read_trajectories(out / policy / effort / "trajectories.jsonl")
+
+    return {e: paired_gain(records("eval-base", e), records("eval-trained", e)) for e in efforts}
 
 
 def frontier_lambdas(before: dict, out: Path) -> dict:
@@ -149,12 +152,15 @@ def turn(cfg, out: Path, limits: dict[str, int], base: str, *, stages: int = 3) 
     stage(stages + 3, "evaluating the trained policy on the same tasks ...")
     engine = load_engine(cfg, f"hf:{latest}")
     after = evaluate_policy(engine, heldout, out=out / "eval-trained", limits=limits, **measuring(cfg))
+    for effort, paired in paired_gains(out, list(after)).items():
+        after[effort]["paired_gain"] = paired  # over the base, on the same tasks
     (out / "results.json").write_text(json.dumps({"base": before, "trained": after}, indent=1) + "\n")
     return before, after, cal
 
 
 def print_gains(before: dict, after: dict, cal: dict) -> None:
-    """Each level's before/after rows, then its gain with Newcombe's interval and its λ."""
+    """Each level's before/after rows, then its gain on the same tasks with its paired 95% interval (the
+    tasks only one policy solved decide it), and its λ."""
     print(
         f"\n[7/7] {'policy':8s} {'effort':7s} {'n':>4s}  {'success':>6s}  {'95% interval':>16s}  {'cost':>8s}  turns  1st-edit"
     )
@@ -163,15 +169,17 @@ def print_gains(before: dict, after: dict, cal: dict) -> None:
             print(row(name, effort, summary))
     print()
     for effort in before:
-        d, lo, hi = gain(before[effort], after[effort])
+        g = after[effort]["paired_gain"]
+        (lo, hi), split = g["ci95"], f"{g['after_only']} solved only after, {g['before_only']} only before"
         print(
-            f"gain    {effort:7s} {d * 100:+6.1f} points  [{lo * 100:+.1f}, {hi * 100:+.1f}]  (λ {cal['used'][effort]:.1f})"
+            f"gain    {effort:7s} {g['gain'] * 100:+6.1f} points  paired [{lo * 100:+.1f}, {hi * 100:+.1f}]  "
+            f"({split}; λ {cal['used'][effort]:.1f})"
         )
 
 
 def main() -> None:
-    from flywheel.eval.report import write_report
     from flywheel.models.shipped import base_dir, describe
+    from flywheel.report import write_report
     from flywheel.rl.config import load_config
     from flywheel.tasks import load_suite
 

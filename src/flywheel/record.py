@@ -9,7 +9,7 @@ file, flushed), `write_trajectories` and `append_trajectories` write through the
 
 The record holds no reward. Whether an attempt succeeded is the grader's (`verdict`, with `success` copied
 beside it; a cheat is never a success); the reward ``S - λ·C`` is the trainer's and exists only in `rl`,
-the score the loop writes beside a record it trained on (`flywheel.rl.objective.reward`).
+the score the loop writes beside a record it trained on (`flywheel.rubric`).
 
 An attempt the infrastructure ended (the model server erred, the sandbox or the grader broke) carries its
 cause in `infra_failure` (`INFRA_CAUSES`): it is kept, but it says nothing about the policy, so the trainer

@@ -1,9 +1,12 @@
-"""Backends chosen by name, imported only when chosen.
+"""Names resolved one way: backends and suites chosen by name, imported only when chosen.
 
-Every "backend by name" in the project is a table of `name -> "module:attribute"` next to the seam it
-fills (`flywheel.models.MODELS`, `flywheel.sandbox.BACKENDS`, `flywheel.loop.config.BACKENDS`), resolved
-here, so an optional heavy dependency (ray, s3fs, an engine) loads only when its backend is used and an
-unknown name is one clear line listing the known ones.
+Every name a user may give is an entry of a table of `name -> "module:attribute"` next to the seam it
+fills, resolved here: models (`flywheel.models.MODELS`, `scripted-lead` included), sandboxes
+(`flywheel.sandbox.BACKENDS`), loop backends (`flywheel.loop.config.BACKENDS`) and built-in suites
+(`flywheel.tasks.suites.SUITES`). An optional heavy dependency (ray, s3fs, an engine) loads only when its
+entry is used, and an unknown name is one clear line listing the known ones. The strings are imports
+like any other: the layer test counts them. What the program itself hands down (a run's grader, the
+episode runner of Fusion's sidekick) travels as a value, not as a name.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from flywheel.eval import run_eval, summarize, wilson_interval
+from flywheel.eval import paired_gain, run_eval, summarize, wilson_interval
 from flywheel.models.scripted import ScriptedModel
 from flywheel.protocols import Verdict
 from flywheel.record import Trajectory, read_trajectories
@@ -54,6 +54,55 @@ def test_summarize_reports_infrastructure_failures_apart():
     )
     assert s["endings"] == {"model_error": 2, "submitted": 2, "turn_limit": 1}  # every ending still counted
     assert summarize(outage)["success_rate"] == 0.0 and summarize(outage)["n_valid"] == 0
+
+
+def outcomes(both, before_only, after_only, neither):
+    """Records of two policies on the same tasks with these counts of paired outcomes."""
+    cells = [(True, True)] * both + [(True, False)] * before_only + [(False, True)] * after_only
+    cells += [(False, False)] * neither
+    first = [
+        Trajectory(id=f"t{i}/a", task_id=f"t{i}", effort="max", success=s) for i, (s, _) in enumerate(cells)
+    ]
+    second = [
+        Trajectory(id=f"t{i}/b", task_id=f"t{i}", effort="max", success=s) for i, (_, s) in enumerate(cells)
+    ]
+    return first, second
+
+
+def unpaired(before, after):
+    """Newcombe's interval for two independent proportions, from the same Wilson intervals."""
+    s1, s2 = summarize(before), summarize(after)
+    (p1, (l1, u1)), (p2, (l2, u2)) = (
+        (s1["success_rate"], s1["success_ci95"]),
+        (s2["success_rate"], s2["success_ci95"]),
+    )
+    d = p2 - p1
+    return d - ((p2 - l2) ** 2 + (u1 - p1) ** 2) ** 0.5, d + ((u2 - p2) ** 2 + (p1 - l1) ** 2) ** 0.5
+
+
+def test_paired_gain_counts_the_pairs_and_narrows_the_interval_when_outcomes_agree():
+    before, after = outcomes(12, 11, 14, 63)
+    g = paired_gain(before, after)
+    assert (g["n"], g["both"], g["before_only"], g["after_only"], g["neither"]) == (100, 12, 11, 14, 63)
+    assert g["gain"] == pytest.approx(0.03)
+    lo, hi = g["ci95"]
+    assert lo < 0.03 < hi and lo < 0 < hi  # 3 discordant pairs more out of 25 is no evidence
+    u_lo, u_hi = unpaired(before, after)
+    assert u_lo < lo and hi < u_hi  # the agreeing pairs carry no difference: a narrower interval
+    swapped = paired_gain(after, before)
+    assert swapped["gain"] == pytest.approx(-0.03)
+    assert swapped["ci95"] == pytest.approx([-hi, -lo])
+
+
+def test_paired_gain_excludes_zero_for_a_consistent_gain_and_leaves_out_unmatched_tasks():
+    before, after = outcomes(20, 1, 15, 64)
+    assert paired_gain(before, after)["ci95"][0] > 0
+    before[0].infra_failure = "sandbox"  # a (True, True) pair the infrastructure ended before
+    g = paired_gain(before, after[:-1])  # and a task the second policy never attempted
+    assert g["n"] == 98 and g["both"] == 19 and g["neither"] == 63
+    assert paired_gain([], after)["n"] == 0
+    same = paired_gain(*outcomes(10, 0, 0, 90))
+    assert same["gain"] == 0 and same["ci95"][0] < 0 < same["ci95"][1]
 
 
 def test_run_eval_writes_trajectories_and_summary(clamp_task, tmp_path):

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from flywheel.actions import Action, render_tagged
 from flywheel.errors import FlywheelError
 from flywheel.eval.curate import curate
 from flywheel.models import get_model
-from flywheel.models.actions import Action, render_tagged
 from flywheel.protocols import Completion
 from flywheel.tasks import load_suite, task_toml, write_task
 from flywheel.tasks.patch import make_patch

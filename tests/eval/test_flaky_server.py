@@ -10,9 +10,9 @@ from flywheel.eval.run import make_specs, rollout
 from flywheel.harness import HarnessConfig, get_effort
 from flywheel.models.openai_backend import load_openai_model
 from flywheel.models.scripted import ScriptedModel
-from flywheel.models.server import ServerConfig, serve_model
 from flywheel.protocols import Completion
-from flywheel.rl.trainer import score
+from flywheel.rubric import score
+from flywheel.serve import ServerConfig, serve_model
 
 
 class FlakyModel:

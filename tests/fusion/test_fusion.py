@@ -9,10 +9,7 @@ import threading
 
 import pytest
 
-from flywheel.fusion import Fusion, FusionConfig, sidekick_report, take_overs
-from flywheel.fusion.scripted import ScriptedLead, plan_text
-from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort, pricing_for, run_episodes
-from flywheel.models.actions import (
+from flywheel.actions import (
     LEAD_TOOL_NAMES,
     TOOLS,
     Action,
@@ -21,7 +18,10 @@ from flywheel.models.actions import (
     parse_tagged,
     render_tagged,
 )
+from flywheel.fusion import Fusion, FusionConfig, sidekick_report, take_overs
+from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort, pricing_for, run_episodes
 from flywheel.models.scripted import ScriptedModel
+from flywheel.models.scripted_lead import ScriptedLead, plan_text
 from flywheel.protocols import Completion
 from flywheel.record import Trajectory
 from flywheel.sandbox import get_sandbox
@@ -215,7 +215,7 @@ def test_eval_runs_fusion_through_the_cli(clamp_task, tmp_path):
 
 
 def test_compare_runs_lead_sidekick_and_pair_into_one_table_and_report(clamp_task, tmp_path):
-    from flywheel.eval.report import collect
+    from flywheel.report import collect
 
     out, suite = tmp_path / "cmp", clamp_task.root.parent
     r = flywheel(

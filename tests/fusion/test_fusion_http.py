@@ -21,7 +21,7 @@ from flywheel.record import read_trajectories
 # `flywheel serve` as `python -m flywheel serve` runs it, with the server's request log on stderr
 SERVE = (
     "import logging, sys; logging.basicConfig(format='%(message)s'); "
-    "logging.getLogger('flywheel.models.server').setLevel(logging.DEBUG); "
+    "logging.getLogger('flywheel.serve.http').setLevel(logging.DEBUG); "
     "from flywheel.cli import main; main(sys.argv[1:])"
 )
 ANSWERED = '"POST /v1/chat/completions HTTP/1.1" 200'

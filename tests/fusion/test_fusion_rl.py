@@ -10,9 +10,8 @@ import pytest
 
 from flywheel.record import Trajectory, read_trajectories
 from flywheel.rl.config import FusionSection, RunConfig, load_config
-from flywheel.rl.rollout import modelled_cost, reward_cost
 from flywheel.rl.train import train
-from flywheel.rl.trainer import turns_of
+from flywheel.rubric import modelled_cost, reward_cost, turns_of
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from flywheel.actions import Action
 from flywheel.harness.tools import Tools, reindented_edit
-from flywheel.models.actions import Action
 
 SOURCE = "def f(x):\n    if x > 1:\n        return x\n    return 0\n\n\ndef g(x):\n    return 0\n"
 

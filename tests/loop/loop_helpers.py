@@ -107,11 +107,12 @@ def trainer_keys(path: Path) -> list[dict[str, Any]]:
 
 
 def loop_config(model_dir: Path, **kw: Any):
+    from flywheel.harness import get_effort
     from flywheel.loop import LoopConfig
 
     base = dict(
         model=f"hf:{model_dir}", backend="local", pools=2, pool_batch=2, groups_per_step=1, samples=2, steps=3,
-        effort_overrides={"max_turns": 2, "turn_tokens": 12}, grader="loop_helpers:quick_grade",
+        efforts={"medium": get_effort("medium", max_turns=2, turn_tokens=12)}, grader=quick_grade,
         anchor_every=3, catch_up_wait_s=20.0,
     )  # fmt: skip
     base.update(kw)

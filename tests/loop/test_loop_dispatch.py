@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from flywheel.errors import FlywheelError
-from flywheel.loop import Dispatcher, LoopConfig, check_config, config_from_dict, round_items, split_fresh
+from flywheel.harness import HarnessConfig, get_effort
+from flywheel.loop import Dispatcher, LoopConfig, check_config, round_items, split_fresh
 from flywheel.record import Trajectory
+from flywheel.settings import from_dict
 from flywheel.tasks.format import Task
 
 
@@ -91,15 +93,17 @@ def test_config_checks():
         check_config(LoopConfig(model="hf:x", backend="slurm"))
     with pytest.raises(FlywheelError, match="pools"):
         check_config(LoopConfig(model="hf:x", pools=0))
-    with pytest.raises(FlywheelError, match="unknown setting"):
-        config_from_dict({"model": "hf:x", "poolz": 2})
-    with pytest.raises(FlywheelError, match="unknown effort"):
-        check_config(LoopConfig(model="hf:x", efforts=["huge"]))
-    with pytest.raises(FlywheelError, match="budgets` names effort 'max'"):
-        check_config(LoopConfig(model="hf:x", budgets={"max": {"max_turns": 3}}))
+    with pytest.raises(FlywheelError, match="unknown key 'poolz'"):
+        from_dict(LoopConfig, {"poolz": 2}, "[loop]")
+    with pytest.raises(FlywheelError, match="model: set by the rest of the run config"):
+        from_dict(LoopConfig, {"model": "hf:x"}, "[loop]")
+    with pytest.raises(FlywheelError, match="efforts"):
+        check_config(LoopConfig(model="hf:x", efforts={}))
+    with pytest.raises(FlywheelError, match="unknown effort"):  # each value is checked by the type owning it
+        get_effort("huge")
     with pytest.raises(FlywheelError, match="not an effort budget.*max_turnz"):
-        check_config(LoopConfig(model="hf:x", budgets={"medium": {"max_turnz": 3}}))
+        get_effort("medium", max_turnz=3)
     with pytest.raises(FlywheelError, match="cohorts"):
-        check_config(LoopConfig(model="hf:x", cohorts=0))
+        LoopConfig(model="hf:x", harness=HarnessConfig(cohorts=0))
     with pytest.raises(FlywheelError, match="action_format"):
-        check_config(LoopConfig(model="hf:x", action_format="json"))
+        LoopConfig(model="hf:x", harness=HarnessConfig(action_format="json"))

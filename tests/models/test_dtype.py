@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from flywheel.cli import main
 from flywheel.models import get_model
+from flywheel.models.sampling import sample_step
 from flywheel.models.tiny import build_tiny_model
-from flywheel.models.torch_engine import sample_step
 from flywheel.protocols import Request, Verdict
 from flywheel.record import Trajectory
 from flywheel.rl.config import ModelConfig, RunConfig

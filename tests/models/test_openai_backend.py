@@ -1,4 +1,4 @@
-"""The OpenAI client backend against a real HTTP server (flywheel.models.server) on loopback."""
+"""The OpenAI client backend against a real HTTP server (flywheel.serve) on loopback."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from flywheel.models.openai_backend import (
     request_kwargs,
 )
 from flywheel.models.scripted import ScriptedModel
-from flywheel.models.server import ModelServer, ServerConfig, serve_model
 from flywheel.protocols import Completion, Model, Request
+from flywheel.serve import ModelServer, ServerConfig, serve_model
 
 ECHO_TOOL = {
     "type": "function",
@@ -244,6 +244,13 @@ def test_request_kwargs_and_tools():
     assert request_kwargs("m", meta, send_meta=True)["extra_body"] == {"flywheel_meta": {"episode": "e1"}}
     assert "extra_body" not in request_kwargs("m", meta)
     assert function_tool(ECHO_TOOL) is ECHO_TOOL
+
+
+def test_request_kwargs_ask_for_logprobs_and_token_ids():
+    prompt = Request(messages=[{"role": "user", "content": "add"}], max_tokens=12, seed=3)
+    kw = request_kwargs("m", prompt, logprobs=True)
+    assert kw["logprobs"] is True and kw["extra_body"] == {"return_token_ids": True}
+    assert "logprobs" not in request_kwargs("m", prompt)
 
 
 def test_parse_tool_call():

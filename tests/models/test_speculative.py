@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from flywheel.errors import FlywheelError
-from flywheel.models import fastllama, torch_engine
+from flywheel.models import fastllama, sampling
 from flywheel.models.hf import load_hf
 from flywheel.models.shipped import base_dir
 from flywheel.models.speculative import continuation, pick, speculate
@@ -184,7 +184,7 @@ def test_sampled_logprobs_and_kept_sets_are_the_targets(
     target, random_draft, draft, temperature, top_p, binned, monkeypatch
 ):
     if binned:  # nuclei wider than a top-4 are found by `wide_nucleus`, for p and q alike
-        monkeypatch.setattr(torch_engine, "TOPK_FIRST", 4)
+        monkeypatch.setattr(sampling, "TOPK_FIRST", 4)
     spec = engine(target, random_draft if draft == "random" else draft)
     reqs = [
         ask(p, max_tokens=24, temperature=temperature, top_p=top_p, seed=i) for i, p in enumerate(PROMPTS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from flywheel.models.actions import TOOLS, Action
+from flywheel.actions import TOOLS, Action
 from flywheel.models.toolcalls import action_call, offered_tools, parse_text_action, text_tool_calls
 
 BASH = [

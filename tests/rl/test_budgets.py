@@ -13,9 +13,10 @@ from flywheel.models.tiny import build_tiny_model
 from flywheel.models.torch_engine import load_torch_model
 from flywheel.protocols import Request, Verdict
 from flywheel.record import Trajectory
-from flywheel.rl.config import RunConfig, from_dict, load_config
-from flywheel.rl.objective import budget_penalty, length_penalty_on
-from flywheel.rl.trainer import Trainer, score
+from flywheel.rl.config import RunConfig, load_config
+from flywheel.rl.trainer import Trainer
+from flywheel.rubric import budget_penalty, length_penalty_on, score
+from flywheel.settings import from_dict
 
 BUDGETS = {"medium": {"turns": 3, "tokens": 800, "seconds": 20}, "max": {"tokens": 2000}}
 PRICES = {"turns": 0.1, "tokens": 0.0005, "seconds": 0.01}

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from flywheel.rl import (
+from flywheel.rubric import (
     advantages,
     advantages_flat,
     group_mean_baseline,

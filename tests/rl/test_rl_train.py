@@ -12,6 +12,8 @@ from flywheel.loop import LoopConfig, RunDir
 from flywheel.record import Trajectory, read_trajectories
 from flywheel.rl.config import RunConfig, load_config
 from flywheel.rl.train import train
+from flywheel.settings import from_dict
+from flywheel.settings import load_config as load_settings
 from flywheel.sft import SftConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +100,7 @@ def test_bad_config_exits_2_naming_the_key(tmp_path, capsys):
     ids=lambda p: p.name,
 )
 def test_every_shipped_config_loads(path):
-    cfg = load_config(path, SftConfig if path.name.startswith("sft") else RunConfig)
+    cfg = load_settings(path, SftConfig if path.name.startswith("sft") else RunConfig)
     if isinstance(cfg, SftConfig) and cfg.data.teacher.startswith("scripted"):
         from flywheel.models import get_model
 
@@ -106,8 +108,6 @@ def test_every_shipped_config_loads(path):
 
 
 def test_config_types_are_checked():
-    from flywheel.rl.config import from_dict
-
     cfg = from_dict(RunConfig, {"optim": {"lr": 1}, "reward": {"lambdas": {"medium": 2}}}, "x")
     assert cfg.optim.lr == 1.0 and cfg.reward.lambdas == {"medium": 2.0}
     with pytest.raises(FlywheelError, match="deterministic"):
@@ -244,11 +244,12 @@ def test_a_loop_backend_runs_episodes_under_the_run_configs_budgets(base, tmp_pa
     cfg.rollout.observation_chars, cfg.rollout.cohorts = 300, 2
     cfg.loop = LoopConfig(backend="local", pools=1)
     lcfg = loop_config(cfg)
-    assert (lcfg.observation_chars, lcfg.cohorts, lcfg.action_format) == (300, 2, "tagged")
+    h = lcfg.harness
+    assert (h.observation_chars, h.cohorts, h.action_format) == (300, 2, "tagged")
     cfg.rollout.compaction, cfg.rollout.compact_at = "summary", 0.5
-    assert (loop_config(cfg).compaction, loop_config(cfg).compact_at) == ("summary", 0.5)
+    assert (loop_config(cfg).harness.compaction, loop_config(cfg).harness.compact_at) == ("summary", 0.5)
     cfg.rollout.compaction = "elide"
-    assert lcfg.budgets["max"]["max_turns"] == 2 and lcfg.budgets["medium"]["max_tokens"] == 300
+    assert lcfg.efforts["max"].max_turns == 2 and lcfg.efforts["medium"].max_tokens == 300
     assert [r["version"] for r in train(cfg, tmp_path / "run")] == [1]
     records = read_trajectories(tmp_path / "run" / "trajectories.jsonl")
     assert len(records) == 12 and {r.action_format for r in records} == {"tagged"}

@@ -10,7 +10,8 @@ from flywheel.models.torch_engine import load_torch_model
 from flywheel.protocols import Request, Verdict
 from flywheel.record import Trajectory
 from flywheel.rl.config import RunConfig
-from flywheel.rl.trainer import Trainer, outcome_metrics, score, token_batches
+from flywheel.rl.trainer import Trainer, token_batches
+from flywheel.rubric import outcome_metrics, score
 
 TEXTS = ["<run_tests/>", '<view path="a.py"/>', "def f(x):\n    return x + 1\n", "1 failed, 2 passed"] * 10
 

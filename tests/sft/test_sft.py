@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flywheel.record import Trajectory
-from flywheel.rl.config import load_config
+from flywheel.settings import load_config
 from flywheel.sft.imitate import SftConfig, encode, messages_of, render_with_spans, run_sft, segments_of
 
 ROOT = Path(__file__).resolve().parents[2]

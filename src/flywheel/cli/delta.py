@@ -8,13 +8,12 @@ are written to a temporary file beside the target and renamed, so a failure neve
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import typer
 
 from flywheel.errors import FlywheelError
+from flywheel.files import writing
 
 app = typer.Typer(help="Encode, apply and inspect bf16 weight deltas.", no_args_is_help=True)
 
@@ -40,19 +39,6 @@ def load_bf16(path: Path) -> dict:
     if cast:
         typer.echo(f"note: {path}: cast {len(cast)} non-bf16 tensors to bf16 (e.g. {cast[0]})", err=True)
     return {n: t.contiguous() for n, t in tensors.items()}
-
-
-def write_atomic(out: Path, write) -> None:
-    """Call `write(tmp_path)` and rename the result onto `out`."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def read_blob(path: Path) -> bytes:
@@ -84,7 +70,8 @@ def encode(
         value_mode=mode,
         level=level,
     )  # type: ignore[arg-type]
-    write_atomic(out, lambda tmp: Path(tmp).write_bytes(blob))
+    with writing(out) as tmp:
+        tmp.write_bytes(blob)
     s = summarize(blob)
     typer.echo(
         f"{out}: {s['bytes']} bytes, {s['changed']} of {s['weights']} weights changed ({s['changed_fraction']:.4%})"
@@ -110,9 +97,8 @@ def apply(
     weights = load_bf16(base)
     base_v = expect_base if expect_base is not None else int(manifest.get("base_version", -1))
     version = apply_delta(weights, blob, expect_base=base_v)
-    write_atomic(
-        out, lambda tmp: save_file(weights, tmp, metadata={"format": "pt", "flywheel_version": str(version)})
-    )
+    with writing(out) as tmp:
+        save_file(weights, tmp, metadata={"format": "pt", "flywheel_version": str(version)})
     typer.echo(f"{out}: version {version}")
 
 

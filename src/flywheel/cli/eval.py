@@ -2,28 +2,19 @@
 
 With `--lead` and `--sidekick` instead of `--model`, each attempt is Fusion's (`flywheel.fusion`): the lead
 works with a `delegate` tool that runs the sidekick in its workspace; `--compare` runs the lead alone, the
-sidekick alone and the pair on the same tasks (`flywheel.eval.compare`).
+sidekick alone and the pair on the same tasks (`flywheel.fusion.compare`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
-from flywheel.models import SPECS, is_torch, require_torch
-from flywheel.record import Trajectory
-
-ACTION_FORMATS = ("auto", "native", "tagged")
-
-if TYPE_CHECKING:
-    from flywheel.harness import HarnessConfig
-    from flywheel.protocols import Model
+from flywheel.errors import FlywheelError
+from flywheel.models import SPECS
 
 
 def eval_(
@@ -106,131 +97,39 @@ def eval_(
     ),
 ) -> None:
     """Evaluate MODEL (or a LEAD with its SIDEKICK) on SUITE at one effort level; prints the summary as JSON."""
-    from flywheel.errors import FlywheelError
-    from flywheel.eval.compare import compare_rows, compare_table
-    from flywheel.eval.run import rollout
-    from flywheel.fusion import Fusion, FusionConfig
+    from flywheel.cli.policy import check_roles, engine_options, load_policy, set_threads
+    from flywheel.eval import EvalSettings, Interrupted, eval_with_progress
+    from flywheel.fusion import Fusion, FusionConfig, compare_table, run_compare
     from flywheel.harness import HarnessConfig, get_effort
-    from flywheel.models.hf import resolve_device, resolve_dtype
     from flywheel.tasks import load_suite
 
-    if bool(lead) != bool(sidekick) or bool(model) == bool(lead):
-        raise FlywheelError("give --model, or --lead and --sidekick (Fusion)")
+    check_roles(model, lead, sidekick)
     if compare and not lead:
         raise FlywheelError("--compare needs --lead and --sidekick")
-    engine = {"device": resolve_device(device, "--device").type, "dtype": resolve_dtype(dtype, "--dtype")}
-    if draft:
-        require_torch(lead or model, "--draft")
-        engine.update(draft=draft, draft_tokens=draft_tokens)
-    if threads and any(is_torch(spec) for spec in (model, lead, sidekick) if spec):
-        import torch
-
-        torch.set_num_threads(threads)
+    spec = lead or model
+    engine = engine_options(device, dtype, draft, draft_tokens, spec)
+    set_threads(threads, model, lead, sidekick)
     get_effort(effort)  # a bad effort, compaction, device or dtype fails before anything loads
     HarnessConfig(compaction=compaction, compact_at=compact_at)
     if sidekick_effort:
         get_effort(sidekick_effort)
     tasks = load_suite(suite, split=split)
-    tasks = tasks[:limit] if limit else tasks
-    policy, cfg = _policy(lead or model, base_url, seed, temperature, top_p, cohorts, action_format, engine)
+    settings = EvalSettings(tasks[:limit] if limit else tasks, effort, seed, concurrency, overwrite)
+    policy, cfg = load_policy(spec, base_url, seed, temperature, top_p, cohorts, action_format, engine)
     cfg = replace(cfg, compaction=compaction, compact_at=compact_at)
-    run = partial(_run, tasks, effort=effort, seed=seed, concurrency=concurrency, overwrite=overwrite)
-    if not sidekick:
-        typer.echo(json.dumps(run(policy, cfg, out, rollout), indent=1))
-        return
-    helper_url = sidekick_base_url or base_url
-    helper, helper_cfg = _policy(sidekick, helper_url, seed, temperature, top_p, 1, engine=engine)
-    pair = Fusion(helper, helper_cfg, FusionConfig(sidekick_effort=sidekick_effort)).rollout
-    if not compare:
-        typer.echo(json.dumps(run(policy, cfg, out, pair), indent=1))
-        return
-    lone_effort = sidekick_effort or effort  # the sidekick alone runs at the level it has in the pair
-    summaries = {
-        "lead": run(policy, cfg, out / "lead", rollout),
-        "sidekick": _run(tasks, helper, helper_cfg, out / "sidekick", rollout, effort=lone_effort,
-                         seed=seed, concurrency=concurrency, overwrite=overwrite),
-        "pair": run(policy, cfg, out / "pair", pair),
-    }  # fmt: skip
-    rows = compare_rows(summaries)
-    (out / "compare.json").write_text(
-        json.dumps({"suite": suite, "effort": effort, "lead": lead, "sidekick": sidekick, "policies": rows},
-                   indent=1) + "\n"
-    )  # fmt: skip
-    typer.echo(compare_table(rows))
-
-
-def _run(
-    tasks: list,
-    policy: Model,
-    cfg: HarnessConfig,
-    out: Path,
-    runner: Callable[..., list[Trajectory]],
-    *,
-    effort: str,
-    seed: int,
-    concurrency: int,
-    overwrite: bool,
-) -> dict:
-    """One evaluation into `out` with a progress line; Ctrl-C keeps what finished (exit 130)."""
-    from flywheel.eval import run_eval, write_summary
-    from flywheel.progress import progress
-
-    wins = []
-    with progress(f"eval {policy.name} -> {out}", len(tasks)) as advance:
-
-        def tick(record: Trajectory) -> None:
-            wins.append(record.success)
-            advance(success=sum(wins) / len(wins))
-
-        try:
-            return run_eval(
-                tasks,
-                policy,
-                out,
-                effort=effort,
-                seed=seed,
-                concurrency=concurrency,
-                cfg=cfg,
-                on_record=tick,
-                overwrite=overwrite,
-                runner=runner,
-            )
-        except KeyboardInterrupt:
-            summary = write_summary(out, model_name=policy.name, effort=effort, interrupted=True)
-            typer.echo(f"interrupted: kept {summary['n']} finished trajectories in {out}", err=True)
-            raise typer.Exit(130) from None
-
-
-def _policy(
-    spec: str,
-    base_url: str | None,
-    seed: int,
-    temperature: float,
-    top_p: float,
-    cohorts: int,
-    action_format: str = "auto",
-    engine: dict | None = None,
-) -> tuple[Model, HarnessConfig]:
-    """The model named by `spec` and the harness settings it runs under (`action_format` other than
-    "auto" wins over what the model says and what an SFT base learned; `engine`: a torch engine model's
-    device and dtype)."""
-    from flywheel.errors import FlywheelError
-    from flywheel.fusion import load_model
-    from flywheel.harness import HarnessConfig
-
-    if action_format not in ACTION_FORMATS:
-        raise FlywheelError(f"bad --action-format {action_format!r}: use {', '.join(ACTION_FORMATS)}")
-    opts = {"base_url": base_url} if spec.startswith("openai:") else {}
-    if is_torch(spec):
-        opts.update(engine or {})
-    policy = load_model(spec, seed=seed, **opts) if spec.startswith("scripted") else load_model(spec, **opts)
-    from flywheel.models.shipped import BASES, base_dir
-
-    learned = {}
-    if spec.startswith("hf:") or spec in BASES:  # a `flywheel sft` base runs under the harness it learned
-        from flywheel.sft import trained_harness
-
-        learned = trained_harness(f"hf:{base_dir(spec)}" if spec in BASES else spec)
-    if action_format != "auto":
-        learned["action_format"] = action_format
-    return policy, HarnessConfig(temperature=temperature, top_p=top_p, cohorts=cohorts, **learned)
+    pair = None
+    if sidekick:
+        helper = load_policy(
+            sidekick, sidekick_base_url or base_url, seed, temperature, top_p, 1, engine=engine
+        )
+        pair = Fusion(*helper, FusionConfig(sidekick_effort=sidekick_effort))
+    try:
+        if compare:
+            about = {"suite": suite, "effort": effort, "lead": lead, "sidekick": sidekick}
+            typer.echo(compare_table(run_compare(settings, (policy, cfg), pair, out, about)))
+        else:
+            summary = eval_with_progress(settings, policy, cfg, out, pair.rollout if pair else None)
+            typer.echo(json.dumps(summary, indent=1))
+    except Interrupted as e:  # Ctrl-C: what finished is kept
+        typer.echo(str(e), err=True)
+        raise typer.Exit(130) from None

@@ -1,6 +1,6 @@
 """`flywheel grade TASK_DIR WORKSPACE`: grade a finished workspace.
 
-`--json` prints the verdict and its `reward`: the reward at λ = 0 (`flywheel.rl.objective.reward` with
+`--json` prints the verdict and its `reward`: the reward at λ = 0 (`flywheel.rubric.reward` with
 no cost term), 1 for a success and 0 otherwise. Verdicts carry no reward of their own; training's
 reward, with its cost term, is the trainer's.
 """
@@ -52,6 +52,6 @@ def grade(
 
 def verdict_json(verdict: Verdict) -> dict[str, Any]:
     """The verdict's JSON and its `reward` at λ = 0 (no cost term)."""
-    from flywheel.rl.objective import reward
+    from flywheel.rubric import reward
 
     return {**verdict.to_json(), "reward": reward(verdict.success, 0.0, 0.0)}

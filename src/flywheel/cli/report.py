@@ -1,4 +1,4 @@
-"""`flywheel report`: one self-contained HTML page from run directories (`flywheel.eval.report`)."""
+"""`flywheel report`: one self-contained HTML page from run directories (`flywheel.report`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def report(
     title: str = typer.Option("", "--title", help="The page's title (default: the run directories)."),
 ) -> None:
     """Write one HTML page: success against cost, learning curves, calibration, and every attempt."""
-    from flywheel.eval.report import write_report
+    from flywheel.report import write_report
 
     path = write_report(runs, out, title)
     typer.echo(f"{path} ({path.stat().st_size / 1024:.0f} KB)")

@@ -1,6 +1,6 @@
 """`flywheel serve`: any model behind an OpenAI-compatible HTTP API, until Ctrl-C or SIGTERM.
 
-`scripted-lead` is served too (`flywheel.fusion.load_model`), so a Fusion lead can be an `openai:` model
+`scripted-lead` is served too (`flywheel.models.get_model`), so a Fusion lead can be an `openai:` model
 on loopback: like the scripted oracles it reads the task from `Request.meta`, which a client sends with
 `openai:NAME?send_meta=true`.
 
@@ -8,7 +8,7 @@ on loopback: like the scripted oracles it reads the task from `Request.meta`, wh
 variables, see `flywheel.sync.store`) makes the server an inference pool that follows the trainer: the
 model (a torch model: hf:PATH, smollm2-135m or a shipped base) is loaded in bf16, the latest published
 weights are loaded over it, and each version published after is applied in place between generation
-batches (`flywheel.models.follow`). The version served is in every completion (`policy_version`), in
+batches (`flywheel.serve.follow`). The version served is in every completion (`policy_version`), in
 `GET /health`, and on stderr at each update. A store that cannot be read at start is refused (exit 2);
 an empty one is waited on (the model's own weights are served, with no version, until the first).
 
@@ -24,14 +24,12 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from typing import Any
 
 import typer
 
 from flywheel.errors import FlywheelError
-from flywheel.models import SPECS, require_torch
-
-FOLLOW_POLL_S = 0.5  # how often a following server looks for a new version
+from flywheel.models import SPECS, get_model, require_torch
+from flywheel.serve import ServerConfig, serve_model
 
 
 def serve(
@@ -54,17 +52,19 @@ def serve(
     draft_tokens: int = typer.Option(4, "--draft-tokens", min=1, help="Tokens the draft proposes per round."),
 ) -> None:
     """Serve MODEL at http://HOST:PORT/v1 (chat completions, models) until interrupted."""
-    from flywheel.fusion import load_model
-    from flywheel.models.server import ServerConfig, serve_model
-
     opts = {"draft": draft, "draft_tokens": draft_tokens} if draft else {}
     if draft:
         require_torch(model, "--draft")
     follower = None
     if follow:
-        policy, follower = following(model, follow, **opts)
+        from flywheel.serve.follow import load_following  # loads torch: only when following
+
+        logging.basicConfig(
+            stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s"
+        )
+        policy, follower = load_following(model, follow, **opts)
     else:
-        policy = load_model(model, **opts)
+        policy = get_model(model, **opts)
     config = ServerConfig(batch_window_s=batch_window_ms / 1000, max_batch=max_batch)
     try:
         server, thread = serve_model(policy, host, port, config, follower)
@@ -82,41 +82,6 @@ def serve(
         typer.echo("stopping", err=True)
     finally:
         server.close()
-
-
-def following(model: str, url: str, **opts: Any) -> tuple[Any, Any]:
-    """The torch model `model` in bf16 with a `Follower` of the store at `url`, loaded to its latest."""
-    import torch
-
-    from flywheel.models import get_model
-    from flywheel.models.follow import Follower
-    from flywheel.sync import Retry, StoreError, open_store
-
-    require_torch(model, "--follow")
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    log = logging.getLogger(__name__)
-    try:
-        store = open_store(url, retry=Retry(attempts=3), read_retry=Retry(attempts=3))
-    except (StoreError, OSError, ValueError, ImportError) as e:
-        raise FlywheelError(f"cannot open the weight store {url}: {e}") from None
-    policy = get_model(model, dtype=torch.bfloat16, **opts)
-    cached = getattr(policy, "weights", None)  # the torch engine's packed matrices and prefix store
-    follower = Follower(
-        policy.model,
-        store,
-        name=model,
-        poll_s=FOLLOW_POLL_S,
-        prepare=cached.refresh if cached is not None else None,
-    )
-    try:
-        version = follower.start()
-    except StoreError as e:
-        raise FlywheelError(f"cannot read the weight store {url}: {e}") from None
-    if version is None:
-        log.info("weights: nothing published in %s yet; serving %s until the first version", url, model)
-    else:
-        log.info("weights: serving version %d from %s", version, url)
-    return policy, follower
 
 
 def _interrupt(signum, frame) -> None:

@@ -1,20 +1,17 @@
 """`flywheel solve`: one attempt at an instruction on a local repository; the diff on stdout.
 
-The work is `flywheel.eval.solve`'s: the agent works on a copy without `.git`, the repository changes only
+The work is `flywheel.solve`'s: the agent works on a copy without `.git`, the repository changes only
 with `--apply` and only when the whole patch applies. Progress and the report go to stderr.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
-from flywheel.models import SCRIPTED, require_torch
-
-if TYPE_CHECKING:
-    from flywheel.eval.solve import SolveResult
+from flywheel.errors import FlywheelError
+from flywheel.models import require_torch
 
 
 def solve(
@@ -50,31 +47,21 @@ def solve(
     ),
 ) -> None:
     """Let MODEL (or a LEAD with its SIDEKICK) work on REPO at INSTRUCTION; print the patch it made."""
-    from flywheel.cli.eval import _policy
-    from flywheel.errors import FlywheelError
-    from flywheel.eval.solve import apply_to_repo, check_inputs, save_run
-    from flywheel.eval.solve import solve as solve_repo
+    from flywheel.cli.policy import check_roles, load_policy
     from flywheel.fusion import Fusion
     from flywheel.harness import get_effort
+    from flywheel.solve import apply_to_repo, check_inputs, closing_lines, refuse_scripted, write_outputs
+    from flywheel.solve import solve as solve_repo
 
-    if bool(lead) != bool(sidekick) or bool(model) == bool(lead):
-        raise FlywheelError("give --model, or --lead and --sidekick (Fusion)")
+    check_roles(model, lead, sidekick)
     get_effort(effort)
     check_inputs(repo, instruction, out)
-    for role, spec in (("--model", model), ("--lead", lead), ("--sidekick", sidekick)):
-        if spec in (*SCRIPTED, "scripted-lead"):
-            raise FlywheelError(
-                f"{role} {spec}: the scripted models replay a task's reference fix, and a repository has none; "
-                "use a trained model (toybugs-sweep, hf:DIR) or openai:NAME"
-            )
+    refuse_scripted(model=model, lead=lead, sidekick=sidekick)
     engine = {"draft": draft} if draft else None
     if draft:
         require_torch(lead or model, "--draft")
-    policy, cfg = _policy(lead or model, base_url, seed, temperature, 1.0, 1, action_format, engine)
-    runner = None
-    if sidekick:
-        helper, helper_cfg = _policy(sidekick, base_url, seed, temperature, 1.0, 1)
-        runner = Fusion(helper, helper_cfg).rollout
+    policy, cfg = load_policy(lead or model, base_url, seed, temperature, 1.0, 1, action_format, engine)
+    runner = Fusion(*load_policy(sidekick, base_url, seed, temperature, 1.0, 1)).rollout if sidekick else None
     result = solve_repo(
         repo,
         instruction,
@@ -85,13 +72,10 @@ def solve(
         runner=runner,
         log=lambda line: typer.echo(line, err=True),
     )
-    if out is not None:
-        save_run(out, result, {"repo": str(repo.resolve()), "instruction": instruction})
-    if patch_out is not None:
-        patch_out.write_text(result.patch)
-    elif result.patch:
+    write_outputs(result, out, patch_out, {"repo": str(repo.resolve()), "instruction": instruction})
+    if patch_out is None and result.patch:
         typer.echo(result.patch, nl=False)
-    for line in report(result, out, patch_out):
+    for line in closing_lines(result, out, patch_out):
         typer.echo(line, err=True)
     if apply and result.patch:
         try:
@@ -99,22 +83,3 @@ def solve(
         except FlywheelError as e:
             raise FlywheelError(f"not applied, the repository is unchanged: {e}") from None
         typer.echo(f"solve: applied to {repo}", err=True)
-
-
-def report(result: SolveResult, out: Path | None, patch_out: Path | None) -> list[str]:
-    """The lines that close a run on stderr: ending, files, tests, cost, where things went."""
-    r, tests = result.record, result.tests
-    files = result.summary()["files_changed"]
-    last = tests["last_run"]
-    verdict = "no test command" if last is None else "passed" if last["passed"] else "failed"
-    lines = [
-        f"solve: {r.ending} after {r.n_turns} turns, {r.wall_s:.1f}s, cost ${r.cost:.6f}"
-        + (f" ({r.error})" if r.error else ""),
-        f"solve: {len(files)} file(s) changed" + (f": {', '.join(files)}" if files else ""),
-        f"solve: the agent ran the tests {tests['agent_runs']} time(s)",
-        f"solve: tests: {result.test_command}: {verdict}" if last else f"solve: tests: {verdict}",
-    ]
-    if patch_out is not None:
-        lines.append(f"solve: patch written to {patch_out}")
-    lines.append(f"solve: run saved in {out}" if out is not None else "solve: no --out: the run is not saved")
-    return lines

@@ -6,12 +6,16 @@ import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from flywheel.errors import FlywheelError
 from flywheel.models import SPECS
-from flywheel.record import Trajectory
+
+if TYPE_CHECKING:
+    from flywheel.tasks import Task
+    from flywheel.verify.qa import TaskQA
 
 app = typer.Typer(
     help="List, build, validate, synthesise, curate, import and export task suites.", no_args_is_help=True
@@ -75,50 +79,46 @@ def validate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every task's result."),
 ) -> None:
     """Verifier QA: the reference passes k times, the unmodified repository and wrong patches fail."""
-    from flywheel.progress import progress
     from flywheel.tasks import load_suite
-    from flywheel.verify import validate_task
     from flywheel.verify.qa import summarize
 
     tasks = load_suite(suite, split=split)
     tasks = tasks[:limit] if limit else tasks
-    results = []
-    with progress("validate", len(tasks)) as advance, ThreadPoolExecutor(jobs) as pool:
-        for qa in pool.map(
-            lambda t: validate_task(t, k=k, n_mutants=mutants, seed=seed, strict=strict), tasks
-        ):
-            results.append(qa)
-            advance(valid=sum(r.ok for r in results))
+    results = _validate_all(tasks, jobs, k=k, n_mutants=mutants, seed=seed, strict=strict)
     summary = summarize(results)
     if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "suite": suite,
-                    "k": k,
-                    "mutants": mutants,
-                    "strict": strict,
-                    **summary,
-                    "tasks": [r.to_json() for r in results],
-                },
-                indent=1,
-            )
-        )
+        head = {"suite": suite, "k": k, "mutants": mutants, "strict": strict}
+        typer.echo(json.dumps({**head, **summary, "tasks": [r.to_json() for r in results]}, indent=1))
     else:
-        for r in results:
-            if not r.ok:
-                typer.echo(f"{r.task_id}: {'; '.join(r.reasons)}")
-        rejections = ", ".join(f"{code} {n}" for code, n in summary["rejections"].items()) or "none"
-        warned = ", ".join(f"{code} {n}" for code, n in summary["warnings"].items()) or "none"
-        typer.echo(
-            f"{summary['valid']} of {summary['total']} tasks valid; rejections: {rejections}; warnings: {warned}"
-        )
-        typer.echo(
-            f"estimated false-negative rate {summary['false_negative_rate']:.3f} "
-            f"({summary['reference_runs']} reference runs), false-positive rate "
-            f"{summary['false_positive_rate']:.3f} ({summary['wrong_patches']} wrong patches)"
-        )
+        for line in _validate_lines(results, summary):
+            typer.echo(line)
     raise typer.Exit(0 if summary["valid"] == summary["total"] else 1)
+
+
+def _validate_all(tasks: list[Task], jobs: int, **options: Any) -> list[TaskQA]:
+    """`validate_task(task, **options)` for every task, `jobs` at a time, in order, with a progress line."""
+    from flywheel.progress import progress
+    from flywheel.verify import validate_task
+
+    results = []
+    with progress("validate", len(tasks)) as advance, ThreadPoolExecutor(jobs) as pool:
+        for qa in pool.map(lambda t: validate_task(t, **options), tasks):
+            results.append(qa)
+            advance(valid=sum(r.ok for r in results))
+    return results
+
+
+def _validate_lines(results: list[TaskQA], summary: dict) -> list[str]:
+    """The text report: each rejected task with its reasons, then the totals and the error rates."""
+    rejections = ", ".join(f"{code} {n}" for code, n in summary["rejections"].items()) or "none"
+    warned = ", ".join(f"{code} {n}" for code, n in summary["warnings"].items()) or "none"
+    return [
+        *(f"{r.task_id}: {'; '.join(r.reasons)}" for r in results if not r.ok),
+        f"{summary['valid']} of {summary['total']} tasks valid; rejections: {rejections}; warnings: {warned}",
+        f"estimated false-negative rate {summary['false_negative_rate']:.3f} "
+        f"({summary['reference_runs']} reference runs), false-positive rate "
+        f"{summary['false_positive_rate']:.3f} ({summary['wrong_patches']} wrong patches)",
+    ]
 
 
 @app.command("synth")
@@ -195,10 +195,10 @@ def curate(
     seed: int = typer.Option(0, "--seed", help="Seed of the sampler and of noisy oracles."),
 ) -> None:
     """Pass rate of each task over k attempts of MODEL; keep the tasks it solves only sometimes."""
+    from flywheel.cli.policy import model_from_options
+    from flywheel.eval import success_progress
     from flywheel.eval.curate import curate as run_curate
     from flywheel.harness import get_effort
-    from flywheel.models import get_model
-    from flywheel.progress import progress
     from flywheel.tasks import load_suite
 
     get_effort(effort)  # bad input fails before anything loads
@@ -208,15 +208,8 @@ def curate(
         raise FlywheelError(f"{out / 'report.json'} exists: choose another --out")
     tasks = load_suite(suite, split=split)
     tasks = tasks[:limit] if limit else tasks
-    opts = {"base_url": base_url} if model.startswith("openai:") else {}
-    policy = get_model(model, seed=seed, **opts) if model.startswith("scripted") else get_model(model, **opts)
-    wins: list[bool] = []
-    with progress(f"curate {model}", len(tasks) * k) as advance:
-
-        def tick(record: Trajectory) -> None:
-            wins.append(record.success)
-            advance(success=sum(wins) / len(wins))
-
+    policy = model_from_options(model, base_url, seed)
+    with success_progress(f"curate {model}", len(tasks) * k) as tick:
         rep = run_curate(
             tasks,
             policy,

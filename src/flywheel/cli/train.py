@@ -14,7 +14,8 @@ SFT_CONFIG = typer.Argument(..., help="A TOML SFT config (configs/sft.toml; docs
 
 
 def _load(config: Path, cls=None):
-    from flywheel.rl.config import RunConfig, load_config
+    from flywheel.rl.config import RunConfig
+    from flywheel.settings import load_config
 
     return load_config(config, cls or RunConfig)
 

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.errors import FlywheelError
+from flywheel.eval.evaluate import run_recorded
 from flywheel.eval.run import make_specs, rollout
 from flywheel.harness import HarnessConfig, get_effort
 from flywheel.protocols import Model
-from flywheel.record import Trajectory, write_trajectory
+from flywheel.record import Trajectory
 from flywheel.sandbox import get_sandbox
 from flywheel.tasks.curate import select, write_curated
 from flywheel.tasks.format import Task
-from flywheel.verify import default_grader
 
 
 def curate(
@@ -44,24 +44,17 @@ def curate(
     select({}, p_max)  # a bad p_max fails before any attempt
     specs = make_specs(tasks, [get_effort(effort)], k, seed=seed)
     out.mkdir(parents=True, exist_ok=True)
-    records: list[Trajectory] = []
     sandbox = get_sandbox()
     with (out / "trajectories.jsonl").open("w") as f:
-
-        def write(record: Trajectory) -> None:
-            records.append(record)
-            write_trajectory(f, record)
-            if on_record:
-                on_record(record)
-
-        rollout(
+        records = run_recorded(
+            f,
+            rollout,
             model,
             specs,
             cfg or HarnessConfig(),
-            concurrency=concurrency,
             sandbox=sandbox,
-            grader=default_grader(sandbox),
-            on_record=write,
+            concurrency=concurrency,
+            on_record=on_record,
         )
     settings = {"model": model.name, "effort": effort, "k": k, "p_max": p_max, "seed": seed}
     return write_curated(out, tasks, records, settings)

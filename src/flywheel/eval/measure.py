@@ -3,7 +3,7 @@
 `measure_ladder` runs the policy on calibration tasks at a ladder of budgets for each effort level (the
 level's turn and token budgets scaled by each factor) and returns (factor, mean cost, success rate) per
 rung, with the cost priced by the caller's `cost(record)` (training passes the reward's cost,
-`flywheel.rl.rollout.reward_cost`). `flywheel.rl.calibrate.run_calibration` turns the ladders into λ.
+`flywheel.rubric.reward_cost`). `flywheel.rl.calibrate.run_calibration` turns the ladders into λ.
 
 `evaluate_policy` runs one policy on a task list at each effort level and returns the eval summary per
 level (`flywheel.eval.summarize`, plus `mean_reward_cost` over the valid attempts), writing trajectories
@@ -30,6 +30,7 @@ from flywheel.harness.effort import Effort
 from flywheel.progress import progress
 from flywheel.protocols import Model
 from flywheel.record import Trajectory, write_trajectories
+from flywheel.rubric import counts
 from flywheel.tasks.format import Task
 
 LADDER = (0.5, 1.0, 2.0)
@@ -131,7 +132,7 @@ def evaluate_policy(
         (out / level.name).mkdir(parents=True, exist_ok=True)
         write_trajectories(out / level.name / "trajectories.jsonl", mine)
         summary = summarize(mine)
-        valid = [cost(r) for r in mine if r.infra_failure is None]  # as summarize's means
+        valid = [cost(r) for r in mine if counts(r)]  # as summarize's means
         summary["mean_reward_cost"] = statistics.fmean(valid) if valid else 0.0
         result[level.name] = summary
     return result

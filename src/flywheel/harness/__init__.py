@@ -1,6 +1,6 @@
 """The agent harness: tools, budgets, effort levels, cost and trajectory records.
 
-The action format the model writes (tagged text or native tool calls) is `flywheel.models.actions`, which
+The action format the model writes (tagged text or native tool calls) is `flywheel.actions`, which
 the models and the harness both speak.
 """
 

@@ -13,7 +13,7 @@ Every ending is the policy's or the infrastructure's. The policy's: it submitted
 (`INFRA_ENDINGS`, recorded in the record's `infra_failure`): the model server erred (`model_error`), or
 the sandbox failed (`sandbox_error`: a tool's sandbox run raised, or the workspace could not be copied);
 a grader that crashes leaves the ending as it was and marks the record "grader". Such a record is kept
-but trained on as nothing (`flywheel.rl.trainer.score`). An attempt the sandbox failed is not graded:
+but trained on as nothing (`flywheel.rubric`). An attempt the sandbox failed is not graded:
 the grader runs in the same sandbox, and the attempt was cut short by it, not by the policy.
 
 Cost is counted per episode from its own usage: prompt and completion tokens, and its compute seconds —
@@ -41,12 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flywheel.errors import FlywheelError
-from flywheel.harness.cost import Pricing, pricing_for
-from flywheel.harness.effort import Effort
-from flywheel.harness.prompts import RESUME_HEAD, SUMMARY_PROMPT, resume_message, system_prompt, task_message
-from flywheel.harness.tools import ToolResult, Tools
-from flywheel.models.actions import (
+from flywheel.actions import (
     STOP,
     TOOL_NAMES,
     TOOLS,
@@ -56,6 +51,11 @@ from flywheel.models.actions import (
     parse_tagged,
     restore_stop,
 )
+from flywheel.errors import FlywheelError
+from flywheel.harness.cost import Pricing, pricing_for
+from flywheel.harness.effort import Effort
+from flywheel.harness.prompts import RESUME_HEAD, SUMMARY_PROMPT, resume_message, system_prompt, task_message
+from flywheel.harness.tools import ToolResult, Tools
 from flywheel.protocols import Completion, Grader, Model, Request, Sandbox, Verdict
 from flywheel.record import Trajectory
 from flywheel.sandbox import get_sandbox
@@ -101,10 +101,18 @@ class HarnessConfig:
 
 
 COMPACTIONS = ("summary", "elide", "none")
+ACTION_FORMATS = ("tagged", "native", "auto")
 
 
 def check_config(cfg: HarnessConfig) -> None:
     """Refuse settings the loop cannot run with: a FlywheelError naming the field."""
+    if cfg.action_format not in ACTION_FORMATS:
+        raise FlywheelError(
+            f"harness action_format: must be 'tagged', 'native' or 'auto', got '{cfg.action_format}'"
+        )
+    for name in ("observation_chars", "cohorts"):
+        if int(getattr(cfg, name)) < 1:
+            raise FlywheelError(f"harness {name}: must be at least 1, got {getattr(cfg, name)}")
     if cfg.compaction not in COMPACTIONS:
         raise FlywheelError(f"harness compaction: unknown value {cfg.compaction!r} (summary, elide or none)")
     if not 0 < cfg.compact_at <= 1:

@@ -24,7 +24,7 @@ class Pricing:
 
 
 # Prices by model name prefix; the first match wins. Local models are priced like a small hosted model.
-# `scripted-lead` (Fusion's oracle-backed lead, `flywheel.fusion.scripted`) stands in for a frontier model:
+# `scripted-lead` (Fusion's oracle-backed lead, `flywheel.models.scripted_lead`) stands in for a frontier model:
 # $3 / $15 per million prompt / completion tokens is an assumption, about a frontier model's list price.
 PRICES: dict[str, Pricing] = {
     "scripted-lead": Pricing(3.0, 15.0, 0.0001),

@@ -6,7 +6,9 @@ gets its own budget. The RL cost penalty λ_e of each level is calibrated separa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+
+from flywheel.errors import FlywheelError
 
 
 @dataclass(frozen=True)
@@ -38,10 +40,15 @@ EFFORTS: dict[str, Effort] = {
 }
 
 
-def get_effort(name: str, **overrides: float) -> Effort:
-    """The effort level `name`, with budgets optionally overridden (used by λ calibration ladders)."""
-    from flywheel.errors import FlywheelError
+BUDGETS = {f.name for f in fields(Effort)} - {"name", "marker"}  # what a run may override
 
+
+def get_effort(name: str, **overrides: float) -> Effort:
+    """The effort level `name`, with budgets optionally overridden (a run's budgets, calibration's ladders);
+    an unknown level or budget is refused with one line."""
     if name not in EFFORTS:
         raise FlywheelError(f"unknown effort '{name}' (choose from {', '.join(EFFORTS)})")
+    unknown = sorted(set(overrides) - BUDGETS)
+    if unknown:
+        raise FlywheelError(f"not an effort budget: {', '.join(unknown)} (effort '{name}')")
     return replace(EFFORTS[name], **overrides) if overrides else EFFORTS[name]

@@ -21,7 +21,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from flywheel.models.actions import Action
+from flywheel.actions import Action
 from flywheel.protocols import Limits, Sandbox
 from flywheel.tasks.format import Task
 

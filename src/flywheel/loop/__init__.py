@@ -33,7 +33,7 @@ resumes both); the Ray backend survives pool actors dying, not the head node; a 
 longer than the publish retries fails the run (it can be resumed).
 """
 
-from flywheel.loop.config import BACKENDS, LoopConfig, check_config, config_from_dict
+from flywheel.loop.config import BACKENDS, LoopConfig, check_config
 from flywheel.loop.dispatch import Dispatcher, WorkItem, round_items, split_fresh
 from flywheel.loop.runner import CycleRounds, Rounds, RunDir, run
 
@@ -46,7 +46,6 @@ __all__ = [
     "RunDir",
     "WorkItem",
     "check_config",
-    "config_from_dict",
     "round_items",
     "run",
     "split_fresh",

@@ -31,6 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
+from flywheel.files import building
 from flywheel.protocols import WeightStore
 from flywheel.sync.store import StoreError
 
@@ -91,19 +92,12 @@ class Checkpointer:
         """Write a complete checkpoint of `trainer` (and the loop's `state`) atomically; returns its dir."""
         version = int(trainer.version)
         final = self.root / ckpt_name(version)
-        tmp = self.root / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        try:
+        with building(final) as tmp:
+            tmp.chmod(0o755)
             trainer.save(tmp / "trainer")
             (tmp / "loop.json").write_text(json.dumps(state, sort_keys=True))
             (tmp / MANIFEST).write_text(json.dumps(manifest_of(tmp, version)))
             fsync_tree(tmp)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         self.prune()
         return final
 

@@ -1,9 +1,16 @@
-"""`LoopConfig`: how a training run is driven (backend, pools, schedule, staleness, stores, budgets).
+"""`LoopConfig`: how a training run is driven (backend, pools, schedule, staleness, stores) and what it runs.
 
-A run config's `[loop]` table is a `LoopConfig` (typed: unknown keys and wrong types are refused by
-name). The run-level fields below it (`model` … `trajectories`) come from the rest of the run config
-(`flywheel.rl.train.loop_config`); a `[loop]` table may not set them. Tests and other callers of
+A run config's `[loop]` table fills the fields above `model`; it may not set the run-level fields below
+it, which `flywheel train` fills from the rest of the run config (`flywheel.rl.train.loop_config`) and
+which are marked `RUN` (the TOML loader refuses them in `[loop]`). Tests and other callers of
 `flywheel.loop.run` may fill every field directly.
+
+The harness settings travel whole: `harness` is the `HarnessConfig` every episode runs under (the pools set
+only its `policy_version`), and `efforts` maps each effort level's name to its `Effort` with the run's
+budgets, so an episode gets its budgets from one map. Each value is checked once, by the type that owns it:
+`HarnessConfig` and `get_effort` check theirs, `LoopConfig` the loop's (`check_config`, run as the config is
+built). The pools' grader and episode runner travel as values (a function, or a `functools.partial` of one,
+pickled by reference to the pool processes and actors), never as names.
 
 Backends, by name (imported only when chosen, so Ray loads only for `ray`):
 - `inline`: one process; the trainer's own engine generates (it shares the trainer's parameters, so no
@@ -18,11 +25,13 @@ Backends, by name (imported only when chosen, so Ray loads only for `ray`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from flywheel.errors import FlywheelError
-from flywheel.harness import get_effort
+from flywheel.harness import Effort, HarnessConfig, get_effort
+from flywheel.protocols import Grader
 from flywheel.registry import choose
 
 # name -> "module:class"; each backend takes (host_args, trainer, cfg)
@@ -33,6 +42,18 @@ BACKENDS = {
     "http": "flywheel.loop.http:HttpBackend",
 }
 TRAJECTORIES = ("full", "lite", "none")
+RUN = {"run": True}  # a field's metadata: set from the rest of the run config, not in `[loop]`
+
+
+def run_field(default: Any = None, factory: Callable[[], Any] | None = None) -> Any:
+    """A run-level field (see the module docstring)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata=RUN)
+    return field(default=default, metadata=RUN)
+
+
+def default_efforts() -> dict[str, Effort]:
+    return {"medium": get_effort("medium")}
 
 
 @dataclass
@@ -58,40 +79,29 @@ class LoopConfig:
     max_restarts: int = 3  # restarts of one pool before the run fails
     keep_checkpoints: int = 2  # local checkpoints kept
     torch_threads: int = 1  # per pool process
-    grader: str | None = None  # "module:function" grading each episode; None: the shared verifier
     ray_address: str | None = None  # ray.init address ("auto" to join a running cluster); None: local
     ray_pool_options: dict[str, Any] = field(default_factory=dict)  # .options() of pool actors
     ray_trainer_options: dict[str, Any] = field(default_factory=dict)  # .options() of the trainer actor
     # -- run-level: filled from the run config by `flywheel train`
-    model: str = ""  # the pools' engine: hf:PATH or smollm2-135m (architecture, tokenizer); weights come from the store
-    steps: int = 10  # trainer versions to reach (a resumed run counts from its checkpoint)
-    groups_per_step: int = 2  # (task, effort) groups in one round; a round feeds one trainer step
-    samples: int = 2  # samples per group (the group the trainer's baseline compares within)
-    efforts: list[str] = field(default_factory=lambda: ["medium"])  # cycled over the groups
-    effort_overrides: dict[str, Any] = field(default_factory=dict)  # budgets, e.g. {"max_turns": 4}
-    budgets: dict[str, dict[str, Any]] = field(
-        default_factory=dict
-    )  # per effort, over those: {"max": {"max_turns": 20}}
-    observation_chars: int = 4000  # longest observation kept in an episode's conversation
-    action_format: str = "auto"  # the harness's: "tagged", "native", or "auto"
-    cohorts: int = 1  # groups of a pool batch's episodes that take turns generating (see run_episodes)
-    compaction: str = "elide"  # the harness's: "summary", "elide" or "none"
-    compact_at: float = 0.8  # the harness's: the share of the context that triggers a summary
-    concurrency: int = 0  # episodes an inline batch steps together (0: the whole round)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    deterministic: bool = False  # sync schedule, one item per pool batch: reruns give equal metrics
-    seed: int = 0  # seeds of the work items (episode sampling seeds derive from the trajectory ids)
-    max_context: int | None = None  # engine context limit (None: the model's)
-    max_minutes: float = 0.0  # wall-time budget: no step starts that would end past it (0: none)
-    checkpoint_every: int = 1  # checkpoint every N versions (and the last); > 1 only without a weight store
-    trajectories: str = (
-        "full"  # RUN_DIR/trajectories.jsonl: "full", "lite" (no per-token replay data) or "none"
-    )
-    # "module:function" running a pool batch's episodes, with `flywheel.eval.run.rollout`'s signature and
-    # `episodes_options` as keywords ("": the harness's run_episodes); Fusion: flywheel.fusion:sidekick_rollout
-    episodes: str = ""
-    episodes_options: dict[str, Any] = field(default_factory=dict)
+    model: str = run_field("")  # the pools' engine: hf:PATH or smollm2-135m; weights come from the store
+    steps: int = run_field(10)  # trainer versions to reach (a resumed run counts from its checkpoint)
+    groups_per_step: int = run_field(2)  # (task, effort) groups in one round; a round feeds one step
+    samples: int = run_field(2)  # samples per group (the group the trainer's baseline compares within)
+    efforts: dict[str, Effort] = run_field(factory=default_efforts)  # cycled over the groups, with budgets
+    harness: HarnessConfig = run_field(factory=HarnessConfig)  # every episode's harness settings
+    concurrency: int = run_field(0)  # episodes an inline batch steps together (0: the whole round)
+    deterministic: bool = run_field(False)  # sync schedule, one item per pool batch: equal metrics on rerun
+    seed: int = run_field(0)  # seeds of the work items (episode seeds derive from the trajectory ids)
+    max_context: int | None = run_field(None)  # engine context limit (None: the model's)
+    max_minutes: float = run_field(0.0)  # wall-time budget: no step starts that would end past it (0: none)
+    checkpoint_every: int = run_field(1)  # checkpoint every N versions (and the last); > 1 only inline
+    trajectories: str = run_field(
+        "full"
+    )  # RUN_DIR/trajectories.jsonl: "full", "lite" (no replay data), "none"
+    grader: Grader | None = run_field(None)  # grades each episode; None: the shared verifier
+    # runs a pool batch's episodes, with `flywheel.eval.run.rollout`'s signature (None: the harness's
+    # `run_episodes`); Fusion: `functools.partial(flywheel.fusion.sidekick_rollout, lead=...)`
+    episodes: Callable[..., Any] | None = run_field(None)
 
     def __post_init__(self) -> None:
         if self.backend == "http" and self.pool_urls:
@@ -102,6 +112,7 @@ class LoopConfig:
                 self.pool_batch = 1
         if self.sync or self.backend == "inline":
             self.sync, self.max_staleness = True, 0
+        check_config(self)
 
     @property
     def staleness(self) -> int:
@@ -109,18 +120,16 @@ class LoopConfig:
 
 
 # the fields `flywheel train` fills from the rest of the run config
-_NAMES = [f.name for f in fields(LoopConfig)]
-RUN_FIELDS = tuple(_NAMES[_NAMES.index("model") :])
+RUN_FIELDS = tuple(f.name for f in fields(LoopConfig) if f.metadata.get("run"))
 
 
 def check_config(cfg: LoopConfig) -> None:
-    """Refuse a bad configuration with one clear line."""
+    """Refuse a bad configuration with one clear line (the model, known only once the run is assembled, is
+    checked by `flywheel.loop.run`)."""
     if cfg.backend not in BACKENDS:
         raise FlywheelError(f"unknown loop backend '{cfg.backend}' (choose from {', '.join(BACKENDS)})")
     if cfg.backend == "http":
         check_http(cfg)
-    if not cfg.model:
-        raise FlywheelError("loop: `model` is required (hf:PATH or smollm2-135m: the pools' engine)")
     if cfg.steps < 0:
         raise FlywheelError(f"loop: `steps` must be >= 0, got {cfg.steps}")
     positive = (
@@ -130,8 +139,6 @@ def check_config(cfg: LoopConfig) -> None:
         "samples",
         "anchor_every",
         "publish_attempts",
-        "observation_chars",
-        "cohorts",
         "checkpoint_every",
     )
     for name in positive:
@@ -141,10 +148,6 @@ def check_config(cfg: LoopConfig) -> None:
         raise FlywheelError(f"loop: `max_staleness` must be >= 0, got {cfg.max_staleness}")
     if not cfg.efforts:
         raise FlywheelError("loop: `efforts` must name at least one effort level")
-    if cfg.action_format not in ("tagged", "native", "auto"):
-        raise FlywheelError(
-            f"loop: `action_format` must be 'tagged', 'native' or 'auto', got '{cfg.action_format}'"
-        )
     if cfg.trajectories not in TRAJECTORIES:
         raise FlywheelError(f"loop: `trajectories` must be one of {', '.join(TRAJECTORIES)}")
     if cfg.checkpoint_every > 1 and cfg.backend != "inline":
@@ -152,11 +155,6 @@ def check_config(cfg: LoopConfig) -> None:
             f"checkpoint_every = {cfg.checkpoint_every} needs the inline backend: pools follow the published "
             "weights, so every version they serve must be checkpointed first"
         )
-    for name in cfg.efforts:
-        effort_of(cfg, name)
-    for name in cfg.budgets:
-        if name not in cfg.efforts:
-            raise FlywheelError(f"loop: `budgets` names effort '{name}', which is not in `efforts`")
 
 
 def check_http(cfg: LoopConfig) -> None:
@@ -175,23 +173,6 @@ def check_http(cfg: LoopConfig) -> None:
         )
 
 
-def effort_of(cfg: Any, name: str):
-    """Effort `name` with `effort_overrides`, then its own `budgets` (cfg: a LoopConfig or PoolSpec)."""
-    try:
-        return get_effort(name, **{**cfg.effort_overrides, **cfg.budgets.get(name, {})})
-    except TypeError as e:  # dataclasses.replace names the unknown field
-        raise FlywheelError(f"loop: not an effort budget in `effort_overrides` or `budgets`: {e}") from None
-
-
 def backend_class(name: str) -> type:
     """The backend class registered as `name`, imported now."""
     return choose(BACKENDS, name, "loop backend")
-
-
-def config_from_dict(data: dict[str, Any]) -> LoopConfig:
-    """A `LoopConfig` from a plain table; unknown keys are refused by name."""
-    known = {f.name for f in fields(LoopConfig)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise FlywheelError(f"loop: unknown setting(s) {', '.join(unknown)}")
-    return LoopConfig(**data)

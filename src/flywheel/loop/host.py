@@ -15,6 +15,7 @@ counting retries; the driver keeps dispatching meanwhile, so pools keep serving 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -102,3 +103,20 @@ class TrainerHost:
 
     def ping(self) -> int:
         return int(self.trainer.version)
+
+
+class ThreadedHost:
+    """The trainer side of a backend whose `TrainerHost` runs on one worker thread of the driver: a call is a
+    `Future` of a host method (the `LoopBackend` trainer calls: `call`, `done`, `result`)."""
+
+    host: TrainerHost
+    worker: ThreadPoolExecutor
+
+    def call(self, method: str, *args: Any) -> Future[Any]:
+        return self.worker.submit(getattr(self.host, method), *args)
+
+    def done(self, handle: Future[Any]) -> bool:
+        return handle.done()
+
+    def result(self, handle: Future[Any]) -> Any:
+        return handle.result()

@@ -2,7 +2,7 @@
 
 The production shape of the loop: only the trainer needs a tight machine; each pool is an
 OpenAI-compatible server anywhere the store reaches, started by the operator as
-`flywheel serve --model M --follow STORE` (`flywheel.models.follow`), named in the run config by its base
+`flywheel serve --model M --follow STORE` (`flywheel.sync.follow`), named in the run config by its base
 URL (`[loop] pool_urls`). The trainer host runs in a worker thread of the driver (as in `local`) and
 publishes each step's weights to `store` as a delta; the servers apply it between their generation
 batches and report the version they serve (`GET /health`, and `policy_version` in every completion).
@@ -39,12 +39,12 @@ import threading
 import time
 import traceback
 import urllib.request
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from flywheel.errors import FlywheelError
 from flywheel.loop.dispatch import WorkItem
-from flywheel.loop.host import TrainerHost
+from flywheel.loop.host import ThreadedHost, TrainerHost
 from flywheel.loop.pool import START_WAIT_S, PoolSpec, grader_for, run_items
 from flywheel.models.openai_backend import OpenAIConfig, OpenAIModel
 from flywheel.record import Trajectory
@@ -163,7 +163,7 @@ class HttpPool:
         self.engine.close()
 
 
-class HttpBackend:
+class HttpBackend(ThreadedHost):
     """Pools as `flywheel serve --follow` servers; the trainer host in a worker thread of the driver."""
 
     def __init__(self, host_args: dict[str, Any], trainer: Any, cfg: Any) -> None:
@@ -171,21 +171,10 @@ class HttpBackend:
         self.urls = {f"pool-{i}": url for i, url in enumerate(cfg.pool_urls)}
         self.concurrency = int(cfg.pool_batch)
         self.host = TrainerHost(trainer, **host_args)
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
         self.events: queue.Queue[Event] = queue.Queue()
         self.work: dict[str, queue.Queue[list[WorkItem] | None]] = {}
         self.threads: dict[str, threading.Thread] = {}
-
-    # -- trainer
-
-    def call(self, method: str, *args: Any) -> Future[Any]:
-        return self.executor.submit(getattr(self.host, method), *args)
-
-    def done(self, handle: Future[Any]) -> bool:
-        return handle.done()
-
-    def result(self, handle: Future[Any]) -> Any:
-        return handle.result()
 
     # -- pools
 
@@ -238,4 +227,4 @@ class HttpBackend:
             work.put(None)
         for thread in self.threads.values():
             thread.join(timeout=30)
-        self.executor.shutdown(wait=True)
+        self.worker.shutdown(wait=True)

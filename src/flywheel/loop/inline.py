@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import os
 import queue
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from flywheel.errors import FlywheelError
 from flywheel.loop.config import LoopConfig
 from flywheel.loop.dispatch import WorkItem
-from flywheel.loop.host import TrainerHost
+from flywheel.loop.host import ThreadedHost, TrainerHost
 from flywheel.loop.pool import PoolSpec, grader_for, run_items
 
 Event = tuple[str, str, Any]
 
 
-class InlineBackend:
+class InlineBackend(ThreadedHost):
     """One in-process pool on the trainer's engine; the trainer host in the same worker thread."""
 
     def __init__(self, host_args: dict[str, Any], trainer: Any, cfg: LoopConfig) -> None:
@@ -41,17 +41,6 @@ class InlineBackend:
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inline")
         self.events: queue.Queue[Event] = queue.Queue()
         self.specs: dict[str, PoolSpec] = {}
-
-    # -- trainer
-
-    def call(self, method: str, *args: Any) -> Future[Any]:
-        return self.worker.submit(getattr(self.host, method), *args)
-
-    def done(self, handle: Future[Any]) -> bool:
-        return handle.done()
-
-    def result(self, handle: Future[Any]) -> Any:
-        return handle.result()
 
     # -- the pool
 

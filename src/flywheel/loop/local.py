@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from flywheel.loop.dispatch import WorkItem
-from flywheel.loop.host import TrainerHost
+from flywheel.loop.host import ThreadedHost, TrainerHost
 from flywheel.loop.pool import PoolSpec, pool_process
 
 Event = tuple[str, str, Any]
@@ -44,25 +44,14 @@ def context() -> Any:
     return ctx
 
 
-class LocalBackend:
+class LocalBackend(ThreadedHost):
     """Pools as local processes; the trainer host in a worker thread of the driver."""
 
     def __init__(self, host_args: dict[str, Any], trainer: Any, cfg: Any = None) -> None:
         self.ctx = context()
         self.pools: dict[str, Handle] = {}
         self.host = TrainerHost(trainer, **host_args)
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
-
-    # -- trainer
-
-    def call(self, method: str, *args: Any) -> Future[Any]:
-        return self.executor.submit(getattr(self.host, method), *args)
-
-    def done(self, handle: Future[Any]) -> bool:
-        return handle.done()
-
-    def result(self, handle: Future[Any]) -> Any:
-        return handle.result()
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
 
     # -- pools
 
@@ -129,4 +118,4 @@ class LocalBackend:
                 h.proc.join(timeout=5)
             if not h.lost:
                 self.forget(h)
-        self.executor.shutdown(wait=True)
+        self.worker.shutdown(wait=True)

@@ -20,24 +20,24 @@ rather than silently loaded beside the weights the engine reads.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from flywheel.errors import FlywheelError
-from flywheel.harness import EpisodeSpec, HarnessConfig, run_episodes
-from flywheel.loop.config import effort_of
+from flywheel.harness import Effort, EpisodeSpec, HarnessConfig, run_episodes
+from flywheel.loop.config import LoopConfig
 from flywheel.loop.dispatch import WorkItem
-from flywheel.models.follow import bind, check_binding
 from flywheel.protocols import Grader, Model
 from flywheel.record import Trajectory
-from flywheel.registry import load
 from flywheel.sandbox import get_sandbox
+from flywheel.sync.follow import bind, check_binding
 from flywheel.verify import default_grader
 
 START_WAIT_S = 60.0  # longest a starting pool waits for the store's first weights
@@ -45,38 +45,35 @@ START_WAIT_S = 60.0  # longest a starting pool waits for the store's first weigh
 
 @dataclass
 class PoolSpec:
-    """Everything a pool process or actor needs (picklable)."""
+    """Everything a pool process or actor needs (picklable): the run's harness and effort budgets whole."""
 
     pool_id: str
     model: str
     store: str
     store_options: dict[str, Any] = field(default_factory=dict)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    effort_overrides: dict[str, Any] = field(default_factory=dict)
-    budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
-    observation_chars: int = 4000
-    compaction: str = "elide"
-    compact_at: float = 0.8
-    action_format: str = "auto"
-    cohorts: int = 1
+    harness: HarnessConfig = field(default_factory=HarnessConfig)
+    efforts: dict[str, Effort] = field(default_factory=dict)
     max_context: int | None = None
     torch_threads: int = 1
-    grader: str | None = None
+    grader: Grader | None = None  # None: the shared verifier
     catch_up_wait_s: float = 30.0
-    episodes: str = ""  # `LoopConfig.episodes`: what runs a batch's episodes ("": run_episodes)
-    episodes_options: dict[str, Any] = field(default_factory=dict)
+    episodes: Callable[..., Any] | None = None  # `LoopConfig.episodes` (None: the harness's run_episodes)
 
-
-def load_grader(ref: str | None) -> Callable[..., Any] | None:
-    """`module:function` to the function; None stays None (the shared verifier)."""
-    return None if ref is None else load(ref, "grader")
+    @classmethod
+    def of(cls, cfg: LoopConfig, pool_id: str, store: str) -> PoolSpec:
+        """Pool `pool_id`'s spec under run config `cfg`, following `store`."""
+        return cls(
+            pool_id, cfg.model, store, dict(cfg.store_options), cfg.harness, dict(cfg.efforts), cfg.max_context,
+            cfg.torch_threads, cfg.grader,
+            catch_up_wait_s=math.inf if cfg.sync else cfg.catch_up_wait_s,  # older weights: only stale records
+            episodes=cfg.episodes,
+        )  # fmt: skip
 
 
 def grader_for(spec: PoolSpec) -> Grader:
-    """The spec's `module:function` grader, else the shared verifier (an unchanged workspace is a failure
-    without a grading run)."""
-    return load_grader(spec.grader) or default_grader(get_sandbox(), skip_unchanged=True)
+    """The spec's grader, else the shared verifier (an unchanged workspace is a failure without a grading
+    run)."""
+    return spec.grader or default_grader(get_sandbox(), skip_unchanged=True)
 
 
 def run_items(
@@ -89,23 +86,17 @@ def run_items(
     concurrency: int,
 ) -> None:
     """Run `items` on `engine` under the spec's harness settings; `emit` "started", then each record.
-    The spec's `episodes` runner, when it names one, runs them instead of the harness's `run_episodes`."""
+    The spec's `episodes` runner, when it has one, runs them instead of the harness's `run_episodes`."""
     emit("started", {"ids": [it.id for it in items], "version": version, "pid": os.getpid()})
-    specs = [EpisodeSpec(it.task, effort_of(spec, it.effort), seed=it.seed, index=it.index) for it in items]
-    cfg = HarnessConfig(
-        policy_version=version, temperature=spec.temperature, top_p=spec.top_p,
-        observation_chars=spec.observation_chars, action_format=spec.action_format, cohorts=spec.cohorts,
-        compaction=spec.compaction, compact_at=spec.compact_at,
-    )  # fmt: skip
+    specs = [EpisodeSpec(it.task, spec.efforts[it.effort], seed=it.seed, index=it.index) for it in items]
+    cfg = replace(spec.harness, policy_version=version)
 
     def on_record(record: Trajectory) -> None:
         record.pool = spec.pool_id
         emit("record", record)
 
     if spec.episodes:  # e.g. Fusion: the engine is the sidekick of a lead loaded by the runner
-        runner = load(spec.episodes, "episode runner")
-        kw = spec.episodes_options
-        runner(engine, specs, cfg, grader=grader, concurrency=concurrency, on_record=on_record, **kw)
+        spec.episodes(engine, specs, cfg, grader=grader, concurrency=concurrency, on_record=on_record)
         return
     run_episodes(specs, engine, cfg=cfg, grader=grader, concurrency=concurrency, on_record=on_record)
 

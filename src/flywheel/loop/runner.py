@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -48,7 +47,7 @@ from typing import Any, Protocol
 
 from flywheel.errors import FlywheelError
 from flywheel.loop.checkpoint import Checkpointer
-from flywheel.loop.config import LoopConfig, backend_class, check_config
+from flywheel.loop.config import LoopConfig, backend_class
 from flywheel.loop.dispatch import Dispatcher, WorkItem, round_items, split_fresh
 from flywheel.loop.pool import START_WAIT_S, PoolSpec
 from flywheel.protocols import LoopBackend
@@ -79,7 +78,9 @@ class CycleRounds:
 
     def items(self, round_no: int, min_version: int) -> list[WorkItem]:
         c = self.cfg
-        return round_items(round_no, self.tasks, c.efforts, c.groups_per_step, c.samples, c.seed, min_version)
+        return round_items(
+            round_no, self.tasks, list(c.efforts), c.groups_per_step, c.samples, c.seed, min_version
+        )
 
     def used(self, round_no: int, records: list[Trajectory]) -> dict[str, float]:
         return {}
@@ -144,18 +145,6 @@ def rounded(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: round(float(v), 6) if isinstance(v, float) else v for k, v in sorted(metrics.items())}
 
 
-def pool_spec(cfg: LoopConfig, i: int, store: str) -> PoolSpec:
-    return PoolSpec(
-        pool_id=f"pool-{i}", model=cfg.model, store=store, store_options=dict(cfg.store_options),
-        temperature=cfg.temperature, top_p=cfg.top_p, effort_overrides=dict(cfg.effort_overrides),
-        budgets={k: dict(v) for k, v in cfg.budgets.items()}, observation_chars=cfg.observation_chars,
-        action_format=cfg.action_format, cohorts=cfg.cohorts, compaction=cfg.compaction,
-        compact_at=cfg.compact_at, max_context=cfg.max_context, torch_threads=cfg.torch_threads, grader=cfg.grader,
-        catch_up_wait_s=math.inf if cfg.sync else cfg.catch_up_wait_s,  # older weights would only give stale records
-        episodes=cfg.episodes, episodes_options=dict(cfg.episodes_options),
-    )  # fmt: skip
-
-
 class Driver:
     """The event loop of one run (backend-agnostic); see the module docstring."""
 
@@ -209,7 +198,7 @@ class Driver:
         self.out_of_time = not self.fits(self.durations)
         self.emit("resumed", version=self.version, source=started["source"], skipped=started["skipped"])
         for i in range(self.cfg.pools):
-            self.backend.start_pool(pool_spec(self.cfg, i, self.store))
+            self.backend.start_pool(PoolSpec.of(self.cfg, f"pool-{i}", self.store))
         self.await_pools()
         step_call = commit_call = None
         used: list[Trajectory] = []
@@ -389,7 +378,7 @@ class Driver:
             raise FlywheelError(f"{pool} was lost {self.restarts[pool] + 1} times ({why}); giving up")
         self.restarts[pool] += 1
         self.counters["pool_restarts"] += 1
-        self.backend.start_pool(pool_spec(self.cfg, int(pool.rsplit("-", 1)[1]), self.store))
+        self.backend.start_pool(PoolSpec.of(self.cfg, pool, self.store))
 
     def summary(self, started: dict[str, Any]) -> dict[str, Any]:
         pauses = sorted(self.pauses)
@@ -428,7 +417,8 @@ def run(
     directory that holds checkpoints resumes from the newest complete one. `on_event` sees the driver's
     events (`resumed`, `pool_ready`, `started`, `record`, `step`, `published`, `lost`).
     """
-    check_config(cfg)
+    if not cfg.model:
+        raise FlywheelError("loop: `model` is required (hf:PATH or smollm2-135m: the pools' engine)")
     tasks = list(tasks)
     if not tasks:
         raise FlywheelError("loop: no tasks to run")

@@ -60,7 +60,7 @@ from urllib.parse import parse_qsl
 import openai
 
 from flywheel.errors import FlywheelError
-from flywheel.models.server import META_FIELD
+from flywheel.models.openai_fields import META_FIELD
 from flywheel.protocols import Completion, Request
 
 PLACEHOLDER_KEY = "sk-local"  # local servers accept any key; the client refuses to start without one

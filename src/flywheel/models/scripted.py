@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from flywheel.models.actions import Action, render_tagged
+from flywheel.actions import Action, render_tagged
 from flywheel.models.toolcalls import action_call, offered_tools, shell_command
 from flywheel.protocols import Completion, Request
 from flywheel.seeding import stable_seed

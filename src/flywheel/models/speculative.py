@@ -23,9 +23,9 @@ zero the residual puts p's mass back.
 
 What the Completion records is the target's: each emitted token's log-prob is log p(x) at its position and
 its kept set is the target's nucleus there, both computed from the verification forward by the engine's own
-`distribution` (the same nucleus as `sample_step`), which is what the non-speculative engine records, up
-to float rounding (the verify forward runs k+1 positions at once where the plain loop runs one). q serves
-only the accept test; the trainer never sees it.
+`sampling.distribution` (the same nucleus as `sample_step`), which is what the non-speculative engine
+records, up to float rounding (the verify forward runs k+1 positions at once where the plain loop runs
+one). q serves only the accept test; the trainer never sees it.
 
 Greedy (temperature 0): p and q are point masses at the argmaxes, so a proposal is accepted exactly when it
 is the target's argmax and a rejection emits the target's argmax: the tokens are the non-speculative
@@ -34,11 +34,12 @@ order of the verify forward).
 
 Random numbers: each round draws 2k+1 uniforms from the request's own generator (seeded with
 `Request.seed`, else from a draw of the engine's generator): k for the draft's samples (unused by a lookup,
-which may also propose fewer than k), k for the accept tests, one for the final token. A seeded request is reproducible run to run with the same draft and
-`draft_tokens`; its tokens differ from the non-speculative engine's for the same seed (the uniforms are
-consumed differently), while the distribution they are drawn from is the same.
+which may also propose fewer than k), k for the accept tests, one for the final token. A seeded request is
+reproducible run to run with the same draft and `draft_tokens`; its tokens differ from the
+non-speculative engine's for the same seed (the uniforms are consumed differently), while the
+distribution they are drawn from is the same.
 
-Drafts (`draft=`):
+Drafts (`draft=`, turned into one by `flywheel.models.loading.load_draft`):
 - `layers:N`: `LayerSkip`, the target's first N decoder layers, its final norm and its head
   (self-speculation). It shares the target's weights, so in-place updates reach it; it costs no training
   and no memory beyond its own KV cache.
@@ -56,9 +57,9 @@ tokens, one target forward verifies every row's, each row decides alone); a mode
 request at a time (`Speculation`: batch 1 is where decoding is bound by reading the weights, so verifying
 k+1 positions costs about one step; batching a draft model's own cache is not built).
 
-What is not covered: models the fast Llama forward cannot run (`fastllama.unsupported`), as target or draft, are refused; the draft does
-not use the prefix store (the target does, as in the plain loop); `k` is fixed, not adapted to the
-acceptance rate.
+What is not covered: models the fast Llama forward cannot run (`fastllama.unsupported`), as target or
+draft, are refused; the draft does not use the prefix store (the target does, as in the plain loop); `k`
+is fixed, not adapted to the acceptance rate.
 """
 
 from __future__ import annotations
@@ -82,24 +83,7 @@ from flywheel.models.fastllama import (
     row_kv,
     truncate,
 )
-
-
-@dataclass
-class Dist:
-    """Sampling distributions, one per row: what the engine draws the token at each position from."""
-
-    probs: torch.Tensor  # [n, V] float32: zero outside the nucleus, each row sums to 1
-    keep: torch.Tensor | None  # [n, V] bool: the nucleus; None: the full vocabulary
-
-    def logprobs(self, tokens: list[int]) -> list[float]:
-        """The log-prob of `tokens[i]` under row i: what a token drawn there records."""
-        rows, at = torch.arange(len(tokens)), torch.tensor(tokens)
-        return self.probs[rows.to(self.probs.device), at.to(self.probs.device)].log().tolist()
-
-    def kept(self, row: int) -> list[int] | None:
-        """The nucleus of `row` as token ids in id order (None: the full vocabulary)."""
-        return None if self.keep is None else self.keep[row].nonzero().squeeze(1).tolist()
-
+from flywheel.models.sampling import Dist
 
 # ------------------------------------------------------------------------------------- the decision
 
@@ -222,7 +206,7 @@ class Speculation:
 
     Between rounds the target's cache holds the context without its last token; the draft's holds a prefix
     of that (the tokens it has not seen are fed with its next proposal). `dist` turns logits [n, V] into the
-    engine's sampling distributions (`torch_engine.distribution` at the request's temperature and top-p).
+    engine's sampling distributions (`sampling.distribution` at the request's temperature and top-p).
     """
 
     def __init__(
@@ -297,7 +281,7 @@ class LookupBatch:
     Between rounds row j's cache holds its context without the last token, like `Speculation`'s, except
     right after the prefill: the prompt is prefilled whole, and the first round takes the last prompt
     position's logits from it. `settings[j]` is row j's (temperature, top-p); `dist(logits, temperature,
-    top_p)` gives the engine's sampling distributions (`torch_engine.distribution`).
+    top_p)` gives the engine's sampling distributions (`sampling.distribution`).
     """
 
     def __init__(

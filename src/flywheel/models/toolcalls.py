@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from flywheel.models.actions import LEAD_TOOL_NAMES, Action, FormatError, parse_tagged
+from flywheel.actions import LEAD_TOOL_NAMES, Action, FormatError, parse_tagged
 
 SHELL_TOOLS = ("shell", "bash")  # the client tools that take a shell command, preferred first
 TEST_COMMAND = "python -m pytest -q"  # run_tests without a run_tests tool: the client's command is unknown

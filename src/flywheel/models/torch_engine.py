@@ -20,24 +20,15 @@ remade then.
 packed copy of the matrices (`fastllama.pack_weights`, remade when the weights change; `pack=False`
 turns it off and halves the weights' memory).
 
-Sampling (`sample_step`, a pure function over the whole batch):
-- temperature `t > 0` scales the logits by `1/t`; `t == 0` is greedy: the kept set is `[argmax]` and the
-  sampled token's log-prob is 0 (the point mass the token was drawn from).
-- top-p keeps the smallest prefix of the tokens sorted by probability whose mass reaches `top_p`
-  (a token is kept when the mass of the tokens ranked above it is `< top_p`), then renormalises over it.
-  The nucleus is found from a `topk` of the first few hundred tokens; a row whose nucleus is wider
-  (a flat distribution, such as an untrained model's) is found without sorting the vocabulary: a
-  histogram of the logits finds the bin where the mass crosses `top_p`, and only that bin is ranked
-  (`wide_nucleus`). Its kept ids come in id order, and the token is picked by inverse CDF in that order.
-  Each row takes its own path, so which one a row takes never depends on the other rows of its batch.
+Sampling (`flywheel.models.sampling`): each step draws one token per row with `sample_step`, at the row's
+temperature and top-p, from its request's own random stream (`Request.seed`; unseeded requests draw from
+the engine's generator: `seed=` option, nondeterministic when unset).
 - `logprobs[i]` is the log-prob of the sampled token under the distribution actually sampled from: after
   temperature and the top-p renormalisation. `kept[i]` is the sorted list of token ids of that nucleus;
   a `None` entry means the full vocabulary (`top_p >= 1`). Kept sets are gathered as tensors during
   decoding and turned into lists once, at the end.
-- Each request's random stream is its own: a `torch.Generator` seeded with `Request.seed` draws all of
-  the request's uniforms up front and tokens are picked by inverse CDF, so a seeded request samples the
-  same tokens whatever else shares its batch (up to float differences between batch shapes). Unseeded
-  requests draw from the engine's generator (`seed=` option; nondeterministic when unset).
+- A seeded request samples the same tokens whatever else shares its batch (up to float differences
+  between batch shapes).
 
 Stopping and what a Completion holds:
 - EOS (the tokenizer's and the generation config's ids): `finish_reason="stop"`; the EOS token stays in
@@ -59,12 +50,13 @@ the token picked are computed in float32 whatever the weights' dtype (recorded l
 engine stay comparable with the trainer's float32 replay). Sampling runs on the logits' device; each
 step's tokens, log-probs and kept sets come back to the CPU, where the decode loop keeps its buffers.
 
-Speculative decoding (`draft=`, `draft_tokens=`; `flywheel.models.speculative`): a draft, `layers:N` (the
-model's own first N layers) or an HF causal LM with the same vocabulary, proposes `draft_tokens` tokens;
-the model verifies them in one forward and keeps them by rejection sampling, so each emitted token is
-drawn from the distribution above and its log-prob and kept set are the model's own, computed by
-`distribution` (the same nucleus). A `lookup` draft decodes whole batches as the plain loop does; with a
-model draft (`layers:N` or a model), requests run one at a time (batch 1), both on the fast path;
+Speculative decoding (`draft=`, `draft_tokens=`; `flywheel.models.speculative`, the draft loaded by
+`flywheel.models.loading.load_draft`): a draft, `layers:N` (the model's own first N layers) or an HF causal
+LM with the same vocabulary, proposes `draft_tokens` tokens; the model verifies them in one forward and
+keeps them by rejection sampling, so each emitted token is drawn from the distribution above and its
+log-prob and kept set are the model's own, computed by `sampling.distribution` (the same nucleus). A
+`lookup` draft decodes whole batches as the plain loop does; with a model draft (`layers:N` or a model),
+requests run one at a time (batch 1), both on the fast path;
 greedy tokens are the plain loop's, a seeded request's sampled tokens differ from the plain loop's (its
 uniforms are consumed differently) but follow the same distribution. `spec_stats` counts target steps
 (verify forwards; in a lookup batch, one per row and round), proposed and accepted draft tokens, and
@@ -80,7 +72,6 @@ import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -89,15 +80,9 @@ import torch
 from flywheel.errors import FlywheelError
 from flywheel.models.fastllama import LlamaRunner, PrefixStore, WeightsCache, unsupported
 from flywheel.models.hf import load_hf, resolve_device, resolve_dtype
-from flywheel.models.speculative import (
-    Dist,
-    LayerSkip,
-    Lookup,
-    LookupBatch,
-    Round,
-    Speculation,
-    check_vocabulary,
-)
+from flywheel.models.loading import load_draft, torch_model_dir
+from flywheel.models.sampling import Step, distribution, request_rng, request_uniforms, sample_step
+from flywheel.models.speculative import LayerSkip, Lookup, LookupBatch, Round, Speculation
 from flywheel.protocols import Completion, Request
 
 ENGINE_OPTIONS = {
@@ -113,9 +98,7 @@ ENGINE_OPTIONS = {
     "draft_tokens",
     "pack",
 }
-TOPK_FIRST = 256  # nucleus search width before falling back to a full sort
 WIDE_NUCLEUS = 2048  # kept sets wider than this are put in id order by marking, not sorting
-NUCLEUS_BINS = 1024  # logit bins of `wide_nucleus`
 
 
 # --------------------------------------------------------------------------------------------- prompts
@@ -148,177 +131,6 @@ def check_request(request: Request) -> str | None:
     if not 0 < request.top_p <= 1:
         return f"top_p must be in (0, 1], got {request.top_p}"
     return None
-
-
-# -------------------------------------------------------------------------------------------- sampling
-
-
-@dataclass
-class Step:
-    """One sampling step over a batch: tokens, their log-probs, and the nucleus per row."""
-
-    tokens: torch.Tensor  # [B] int64
-    logprobs: torch.Tensor  # [B] float32
-    kept_rows: torch.Tensor | None = None  # [R] batch rows whose nucleus came from a top-k
-    kept_ids: torch.Tensor | None = None  # [R, K] token ids, most probable first
-    kept_n: torch.Tensor | None = None  # [R] size of each row's nucleus (<= K)
-    wide_rows: torch.Tensor | None = None  # [W] batch rows whose nucleus is wider than a top-k
-    wide_mask: torch.Tensor | None = None  # [W, V] bool: that nucleus (`wide_nucleus`)
-
-    def cpu(self) -> Step:
-        """This step with every tensor on the CPU (itself when it is there already)."""
-        if self.tokens.device.type == "cpu":
-            return self
-        parts = (self.tokens, self.logprobs, self.kept_rows, self.kept_ids, self.kept_n)
-        return Step(*(None if t is None else t.cpu() for t in (*parts, self.wide_rows, self.wide_mask)))
-
-
-def sample_step(
-    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor
-) -> Step:
-    """Sample one token per row of `logits` [B, V] given per-row temperature, top-p and a uniform in [0, 1).
-
-    Computed in float32 on the logits' device; the results stay there (`Step.cpu` brings them back)."""
-    dev = logits.device
-    temperature, top_p, u = temperature.to(dev), top_p.to(dev), u.to(dev)
-    greedy = temperature <= 0
-    scaled = logits.float() / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(1)
-    logz = torch.logsumexp(scaled, dim=-1)
-    p_eff = torch.where(greedy, torch.zeros_like(top_p), top_p)
-    full = p_eff >= 1.0
-    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=dev)
-    logprobs = torch.empty(logits.shape[0], dtype=torch.float32, device=dev)
-    step = Step(tokens, logprobs)
-    if bool(full.any()):
-        rows = full.nonzero().squeeze(1)
-        tokens[rows], logprobs[rows] = _sample_full(scaled[rows], logz[rows], u[rows])
-    if bool(full.all()):
-        return step
-    rows = (~full).nonzero().squeeze(1)
-    scaled, logz, p_eff, u = scaled[rows], logz[rows], p_eff[rows], u[rows]
-    vals, ids, n, probs, wide = topk_nucleus(scaled, logz, p_eff)
-    if not bool(wide.all()):
-        sel = (~wide).nonzero().squeeze(1)
-        width = int(n[sel].max())
-        tok, lp = _pick_sorted(ids[sel, :width], probs[sel, :width], n[sel], u[sel])
-        tokens[rows[sel]], logprobs[rows[sel]] = tok, lp
-        # a copy, not a view: the kept ids outlive the step and must not pin the top-k of the vocabulary
-        step.kept_rows, step.kept_ids, step.kept_n = rows[sel], ids[sel, :width].to(torch.int32), n[sel]
-    if bool(wide.any()):
-        sel = wide.nonzero().squeeze(1)
-        keep, wide_probs = wide_nucleus(scaled[sel], logz[sel], p_eff[sel])
-        tok, lp = _pick_in_id_order(keep, wide_probs, u[sel])
-        tokens[rows[sel]], logprobs[rows[sel]] = tok, lp
-        step.wide_rows, step.wide_mask = rows[sel], keep
-    return step
-
-
-def _sample_full(scaled: torch.Tensor, logz: torch.Tensor, u: torch.Tensor):
-    cdf = torch.cumsum(torch.exp(scaled - logz.unsqueeze(1)), dim=-1)
-    target = (u * cdf[:, -1]).unsqueeze(1)
-    tok = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=scaled.shape[1] - 1)
-    return tok, scaled.gather(1, tok.unsqueeze(1)).squeeze(1) - logz
-
-
-def topk_nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor):
-    """(sorted logits [n, K], their ids, nucleus sizes [n], probabilities [n, K], wide [n]) per row, from
-    one top-k: `wide` marks the rows whose nucleus is wider than the top-k of a large vocabulary (their
-    sizes are meaningless: `wide_nucleus` finds theirs). top_p 0 keeps exactly the top token (greedy)."""
-    k = min(TOPK_FIRST, scaled.shape[1])
-    if 2 * k >= scaled.shape[1]:  # a vocabulary this small: one sort is as cheap as a top-k
-        k = scaled.shape[1]
-    vals, ids = (
-        torch.topk(scaled, k, dim=-1) if k < scaled.shape[1] else torch.sort(scaled, dim=-1, descending=True)
-    )
-    probs = torch.exp(vals - logz.unsqueeze(1))
-    before = torch.cumsum(probs, dim=-1) - probs
-    n = (before < top_p.unsqueeze(1)).sum(dim=-1).clamp(min=1)
-    if k < scaled.shape[1]:
-        wide = before[:, -1] + probs[:, -1] < top_p
-    else:
-        wide = torch.zeros_like(n, dtype=torch.bool)
-    return vals, ids, n, probs, wide
-
-
-def wide_nucleus(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor, bins: int = NUCLEUS_BINS):
-    """(kept mask [R, V], probabilities [R, V]): the nucleus of rows whose nucleus is wider than a top-k,
-    without sorting the vocabulary.
-
-    Each row's logits are cut into `bins` equal bins from its maximum down (logits more than 100 below it,
-    probability under e^-100, share the last bin); one scatter-add gives each bin's probability mass. Bins
-    whose mass, with all bins above, stays within `top_p` are kept whole; the tokens of the one bin where
-    the running mass crosses `top_p` (a few dozen) are ranked by a top-k over that bin alone, and kept up to
-    the token whose mass above is still below `top_p`, the rule the full sort applies.
-    """
-    rows = scaled.shape[0]
-    probs = torch.exp(scaled - logz.unsqueeze(1))
-    top = scaled.max(dim=-1, keepdim=True).values
-    low = torch.maximum(scaled.min(dim=-1, keepdim=True).values, top - 100.0)
-    scale = bins / (top - low).clamp(min=1e-30)
-    level = (top - scaled).mul_(scale).clamp_(max=bins - 1).long()
-    wide = probs.double()  # masses summed in float64: the boundary token is decided on exact sums
-    mass = torch.zeros((rows, bins), dtype=torch.float64, device=scaled.device).scatter_add_(1, level, wide)
-    above = torch.cumsum(mass, dim=-1) - mass  # mass of the bins above each bin
-    edge = (above < top_p.unsqueeze(1)).sum(dim=-1) - 1  # the bin where the running mass crosses top_p
-    keep = level < edge.unsqueeze(1)
-    crossing = level == edge.unsqueeze(1)
-    count = crossing.sum(dim=-1)
-    p, order = torch.topk(torch.where(crossing, wide, -1.0), int(count.max()), dim=-1)  # the bin, ranked
-    ranked = torch.arange(p.shape[1], device=p.device).unsqueeze(0)
-    inside = above.gather(1, edge.unsqueeze(1)) + torch.cumsum(p.clamp(min=0), dim=-1) - p < top_p.unsqueeze(
-        1
-    )
-    inside = (inside | (ranked == 0)) & (ranked < count.unsqueeze(1))  # the first reaches top_p: kept
-    return keep | torch.zeros_like(keep).scatter_(1, order, inside), probs
-
-
-def _pick_sorted(ids: torch.Tensor, probs: torch.Tensor, n: torch.Tensor, u: torch.Tensor):
-    """(tokens, log-probs) by inverse CDF over each row's first `n` tokens, most probable first."""
-    inside = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) < n.unsqueeze(1)
-    cdf = torch.cumsum(torch.where(inside, probs, torch.zeros_like(probs)), dim=-1)
-    mass = cdf.gather(1, (n - 1).unsqueeze(1))
-    pick = torch.searchsorted(cdf, u.unsqueeze(1) * mass, right=True).squeeze(1)
-    pick = torch.minimum(pick, n - 1)
-    tok = ids.gather(1, pick.unsqueeze(1)).squeeze(1).long()
-    return tok, torch.log(probs.gather(1, pick.unsqueeze(1)) / mass).squeeze(1)
-
-
-def _pick_in_id_order(keep: torch.Tensor, probs: torch.Tensor, u: torch.Tensor):
-    """(tokens, log-probs) by inverse CDF over each row's kept tokens in id order."""
-    cdf = torch.cumsum(torch.where(keep, probs, torch.zeros_like(probs)), dim=-1)
-    mass = cdf[:, -1:]
-    tok = torch.searchsorted(cdf, u.unsqueeze(1) * mass, right=True).squeeze(1).clamp(max=keep.shape[1] - 1)
-    return tok, torch.log(probs.gather(1, tok.unsqueeze(1)) / mass).squeeze(1)
-
-
-def distribution(logits: torch.Tensor, temperature: float, top_p: float) -> Dist:
-    """The distributions `sample_step` draws from, whole, for the rows of `logits` [n, V] at one request's
-    temperature and top-p: probabilities zero outside the nucleus and renormalised over it, and the nucleus
-    (speculative decoding's p and q). A token's log-prob is the log of its probability here: 0 for greedy,
-    `log(p / nucleus mass)` as `sample_step` records it."""
-    rows, greedy = logits.shape[0], temperature <= 0
-    temp = torch.full((rows, 1), 1.0 if greedy else float(temperature), device=logits.device)
-    scaled = logits.float() / temp
-    logz = torch.logsumexp(scaled, dim=-1)
-    if not greedy and top_p >= 1.0:
-        return Dist(torch.exp(scaled - logz.unsqueeze(1)), None)
-    keep = nucleus_mask(
-        scaled, logz, torch.full((rows,), 0.0 if greedy else float(top_p), device=logits.device)
-    )
-    probs = torch.where(keep, torch.exp(scaled - logz.unsqueeze(1)), 0.0)
-    probs = probs / probs.sum(dim=-1, keepdim=True)
-    return Dist(probs, keep)
-
-
-def nucleus_mask(scaled: torch.Tensor, logz: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """The nucleus of each row as a [n, V] boolean mask (a top-k, else `wide_nucleus` for that row)."""
-    _, ids, n, _, wide = topk_nucleus(scaled, logz, top_p)
-    inside = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0) < n.unsqueeze(1)
-    mask = torch.zeros_like(scaled, dtype=torch.bool).scatter_(1, ids, inside)
-    if bool(wide.any()):
-        sel = wide.nonzero().squeeze(1)
-        mask[sel] = wide_nucleus(scaled[sel], logz[sel], top_p[sel])[0]
-    return mask
 
 
 # ----------------------------------------------------------------------------------------- stop strings
@@ -553,7 +365,7 @@ class TorchEngine:
             seq.prompt,
             seq.budget,
             dist=lambda logits: distribution(logits, req.temperature, req.top_p),
-            rng=_request_rng(req.seed, self.rng),
+            rng=request_rng(req.seed, self.rng),
             store=self.prefix_store,
             packed=packed,
             draft_packed=packed if self.draft_weights is None else self.draft_weights.refresh(),
@@ -575,7 +387,7 @@ class TorchEngine:
             max(s.budget for s in seqs) + self.draft_tokens,
             [(float(s.request.temperature), float(s.request.top_p)) for s in seqs],
             dist=distribution,
-            rngs=[_request_rng(s.request.seed, self.rng) for s in seqs],
+            rngs=[request_rng(s.request.seed, self.rng) for s in seqs],
             store=self.prefix_store,
             packed=self.weights.refresh(),
         )
@@ -674,7 +486,7 @@ class _Batch:
             temperature=torch.tensor([float(s.request.temperature) for s in seqs]),
             top_p=torch.tensor([float(s.request.top_p) for s in seqs]),
             budget=torch.tensor([s.budget for s in seqs]),
-            uniforms=torch.stack([_uniforms(s.request.seed, steps, rng) for s in seqs]),
+            uniforms=torch.stack([request_uniforms(s.request.seed, steps, rng) for s in seqs]),
             token_buf=torch.zeros((len(seqs), steps), dtype=torch.long),
             logprob_buf=torch.zeros((len(seqs), steps), dtype=torch.float32),
         )
@@ -760,19 +572,6 @@ class HFRunner:
         return out.logits[:, -1].float()
 
 
-def _request_rng(seed: int | None, rng: torch.Generator) -> torch.Generator:
-    """A request's own generator: seeded with `seed`, else with a draw from the engine's `rng`."""
-    if seed is None:
-        seed = int(torch.randint(2**62, (1,), generator=rng))
-    return torch.Generator().manual_seed(int(seed))
-
-
-def _uniforms(seed: int | None, steps: int, rng: torch.Generator) -> torch.Tensor:
-    if seed is None:
-        return torch.rand(steps, generator=rng)
-    return torch.rand(steps, generator=torch.Generator().manual_seed(int(seed)))
-
-
 def _eos_ids(model, tokenizer) -> set[int]:
     ids: set[int] = set()
     for value in (
@@ -803,51 +602,17 @@ def _error(message: str) -> Completion:
 # -------------------------------------------------------------------------------------------- factory
 
 
-def torch_model_dir(spec: str):
-    """The HF-format directory behind `hf:PATH`, `smollm2-135m` or a shipped base."""
-    from flywheel.models.hf import SMOLLM2, smollm2_dir
-    from flywheel.models.shipped import BASES, base_dir
-
-    if spec.startswith("hf:") and spec[3:]:
-        return spec[3:]
-    if spec == SMOLLM2:
-        return smollm2_dir()
-    if spec in BASES:
-        return base_dir(spec)
-    raise FlywheelError(f"unknown torch model '{spec}' (use hf:PATH, {SMOLLM2} or {', '.join(BASES)})")
-
-
-def load_draft(spec: str, model, tokenizer):
-    """The draft `spec` names for speculative decoding of `model`: `layers:N` (`LayerSkip`: the model's own
-    first N layers), `lookup` or `lookup:N` (`Lookup`: the context's own continuations of its last N tokens,
-    3 by default), or an HF causal LM (`hf:PATH`, a directory, `smollm2-135m`, a shipped base) with
-    `tokenizer`'s vocabulary, loaded in `model`'s dtype on its device."""
-    if spec == "lookup" or spec.startswith("lookup:"):
-        if spec != "lookup" and not spec[7:].isdigit():
-            raise FlywheelError(f"draft '{spec}': use lookup or lookup:N with N a number of tokens")
-        return Lookup(int(spec[7:]) if spec != "lookup" else 3)
-    if spec.startswith("layers:"):
-        if not spec[7:].isdigit():
-            raise FlywheelError(f"draft '{spec}': use layers:N with N a number of decoder layers")
-        return LayerSkip(model, int(spec[7:]))
-    path = spec if Path(spec).is_dir() else torch_model_dir(spec)
-    draft, draft_tokenizer = load_hf(path, dtype=model.dtype, device=model.device)
-    check_vocabulary(spec, model, tokenizer, draft, draft_tokenizer)
-    why = unsupported(draft)
-    if why:
-        raise FlywheelError(f"draft '{spec}': speculative decoding needs the fast Llama forward ({why})")
-    return draft
-
-
 def load_torch_model(spec: str, **opts: Any) -> TorchEngine:
-    """A `TorchEngine` for `hf:PATH` (an HF-format directory), `smollm2-135m` or a shipped base.
+    """A `TorchEngine` for `hf:PATH` (an HF-format directory), `smollm2-135m` or a shipped base
+    (`loading.torch_model_dir`).
 
     Options: `dtype` (`"float32"`, the default, or `"bfloat16"`; a torch dtype too), `device` (`"cpu"`,
     the default, `"cuda"` or `"auto"`: CUDA when a GPU is visible), `context` (alias of `max_context`), and
     `TorchEngine`'s `max_context`, `max_batch`, `ignore_eos`, `seed`, `name`, `eos_ids` (replaces the
     tokenizer's and generation config's EOS ids), `fast` (False: always the model's own forward, never
-    `fastllama`), `prefix_cache_mb`, `draft` and `draft_tokens` (speculative decoding: `load_draft`), `pack`
-    (False: the fast path multiplies by the modules' own weights, never a packed copy: `fastllama.pack_weights`).
+    `fastllama`), `prefix_cache_mb`, `draft` and `draft_tokens` (speculative decoding:
+    `loading.load_draft`), `pack` (False: the fast path multiplies by the modules' own weights, never a
+    packed copy: `fastllama.pack_weights`).
     """
     dtype = resolve_dtype(opts.pop("dtype", torch.float32))
     device = resolve_device(opts.pop("device", "cpu"))

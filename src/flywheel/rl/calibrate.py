@@ -46,15 +46,14 @@ from flywheel.eval.run import efforts_for, rollout
 from flywheel.fusion import sidekick_rollout
 from flywheel.progress import progress
 from flywheel.rl.config import RunConfig
-from flywheel.rl.rollout import reward_cost
 from flywheel.rl.train import (
-    check_fusion,
     fusion_options,
     harness_config,
     load_engine,
     load_tasks,
     setup_torch,
 )
+from flywheel.rubric import reward_cost
 from flywheel.seeding import stable_seed
 
 Point = tuple[float, float]  # (mean cost per rollout, success rate)
@@ -222,7 +221,6 @@ def run_calibration(
 ) -> dict[str, Any]:
     """Measure the base policy's ladders (with `[fusion]`, under its lead), calibrate λ per effort, write
     calibration.json/.png into `out`."""
-    check_fusion(cfg)
     setup_torch(cfg)
     tasks = load_tasks(cfg, split=split, limit=limit)
     engine = load_engine(cfg)

@@ -1,26 +1,25 @@
-"""Run configuration: one TOML file per run, one dataclass per section, checked field by field.
+"""Run configuration: `flywheel train CONFIG`'s sections, one dataclass each, read by `flywheel.settings`.
 
-`load_config(path, RunConfig)` reads a TOML file into nested dataclasses. Every key must be a known field
-of its section and every value must have the field's type (an int is accepted where a float is asked);
-anything else is refused with one line naming the file, the section and the key, so the CLI can exit 2
-before any work starts. Unset fields keep the defaults written next to them below. `[reward]`'s length
-budgets are checked as the run config is built (`check_budgets`), since their meaning spans keys.
+Each section checks its own values as it is built (`__post_init__`), so a bad key is refused with one line
+before any work starts; checks whose meaning spans sections (`[reward]`'s length budgets against
+`[rollout]`'s efforts) run as the whole `RunConfig` is built (`check_budgets`). Unset fields keep the
+defaults written next to them below. `load_config(path)` reads a run config.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flywheel import settings
 from flywheel.errors import FlywheelError
+from flywheel.harness import EFFORTS
 from flywheel.loop.config import LoopConfig
+from flywheel.models import MODELS, SPECS
 from flywheel.models.hf import resolve_device, resolve_dtype
-from flywheel.rl.objective import QUANTITIES
+from flywheel.rubric import BASELINES, QUANTITIES
 
 # ------------------------------------------------------------------------------------------- sections
 
@@ -57,6 +56,10 @@ class TasksConfig:
         0.0  # share of each step's tasks replaced by a copy with made-up names (flywheel.sft.rename)
     )
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.rename <= 1:
+            raise FlywheelError("[tasks] rename must be a share between 0 and 1")
+
 
 @dataclass
 class RolloutConfig:
@@ -73,6 +76,20 @@ class RolloutConfig:
     max_turns: dict[str, int] = field(default_factory=dict)  # per-effort override of the turn budget
     max_tokens: dict[str, int] = field(default_factory=dict)  # per-effort override of the token budget
 
+    def __post_init__(self) -> None:
+        for e in self.efforts:
+            if e not in EFFORTS:
+                raise FlywheelError(
+                    f"[rollout] efforts: unknown effort '{e}' (choose from {', '.join(EFFORTS)})"
+                )
+        if not self.temperature > 0:
+            raise FlywheelError("[rollout] temperature must be > 0 (the replayed distribution needs one)")
+        if not 0 < self.top_p <= 1:
+            raise FlywheelError("[rollout] top_p must be in (0, 1]")
+        for key in ("tasks_per_step", "group_size", "concurrency", "cohorts"):
+            if getattr(self, key) < 1:
+                raise FlywheelError(f"[rollout] {key} must be >= 1")
+
 
 @dataclass
 class RewardConfig:
@@ -88,6 +105,15 @@ class RewardConfig:
         1  # steps per phase: success-only and penalised phases alternate (0: penalise every step)
     )
     length_scope: str = "all"  # "solved": only in (task, effort) groups where some attempt succeeded
+
+    def __post_init__(self) -> None:
+        if self.length_penalty < 0 or self.length_phase < 0:
+            raise FlywheelError("[reward] length_penalty and length_phase must be >= 0")
+        if self.length_scope not in ("all", "solved"):
+            raise FlywheelError("[reward] length_scope must be 'all' or 'solved'")
+        for e, turns in self.length_budget.items():
+            if turns < 1:
+                raise FlywheelError(f"[reward] length_budget.{e} must be >= 1 turn")
 
     def budgets(self) -> dict[str, dict[str, float]]:
         """Each effort's budget per quantity: `length_budgets` with `length_budget`'s turns added."""
@@ -113,6 +139,12 @@ class ObjectiveConfig:
     pack_tokens: int = 4096  # distinct tokens per packed forward pass (pack = true)
     activation_checkpointing: bool = False  # recompute each layer's activations in the backward: less memory
 
+    def __post_init__(self) -> None:
+        if self.baseline not in BASELINES:
+            raise FlywheelError("[objective] baseline must be 'length_weighted' or 'mean'")
+        if self.pack_tokens < 1 or self.batch_tokens < 1:
+            raise FlywheelError("[objective] pack_tokens and batch_tokens must be >= 1")
+
 
 @dataclass
 class OptimConfig:
@@ -123,6 +155,10 @@ class OptimConfig:
     grad_clip: float = 1.0
     updates_per_step: int = 1
     train_layers: int = 0  # train only the top N decoder layers and the final norm (0: every parameter)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("muon", "adamw"):
+            raise FlywheelError("[optim] kind must be 'muon' or 'adamw'")
 
 
 @dataclass
@@ -137,6 +173,14 @@ class TrainConfig:
     max_minutes: float = 0.0  # wall-time budget: no step starts that would end past it (0: none)
     tensorboard: bool = False  # metrics.jsonl's scalars also as TensorBoard events in RUN_DIR/tensorboard/
 
+    def __post_init__(self) -> None:
+        if self.update_threads < 0:
+            raise FlywheelError("[train] update_threads must be >= 0 (0: as `threads`)")
+        if self.steps < 0 or self.checkpoint_every < 1:
+            raise FlywheelError("[train] steps must be >= 0 and checkpoint_every >= 1")
+        if self.trajectories not in ("lite", "full", "none"):
+            raise FlywheelError("[train] trajectories must be 'lite', 'full' or 'none'")
+
 
 @dataclass
 class FusionSection:
@@ -146,6 +190,17 @@ class FusionSection:
     lead_base_url: str = ""  # the lead's server, for openai:NAME
     lead_effort: str = ""  # the lead's turn and token budgets come from this level ("": the attempt's)
     max_delegations: int = 4  # per attempt
+
+    def __post_init__(self) -> None:
+        if not self.lead:
+            raise FlywheelError("[fusion] lead is missing: give the lead's model spec (e.g. scripted-lead)")
+        kind = self.lead.split(":", 1)[0]
+        if kind not in MODELS:
+            raise FlywheelError(f"[fusion] lead: unknown model '{self.lead}' (use {SPECS})")
+        if self.lead_effort and self.lead_effort not in EFFORTS:
+            raise FlywheelError(f"[fusion] lead_effort: unknown effort '{self.lead_effort}'")
+        if self.max_delegations < 1:
+            raise FlywheelError("[fusion] max_delegations must be >= 1")
 
 
 @dataclass
@@ -174,6 +229,9 @@ def check_budgets(cfg: RunConfig) -> None:
     price given twice (also as `length_budget` or `length_penalty`), or measured seconds in a deterministic
     run (its metrics would not repeat)."""
     r, where = cfg.reward, "[reward] length_budgets"
+    for e in r.length_budget:
+        if e not in cfg.rollout.efforts:
+            raise FlywheelError(f"[reward] length_budget: effort '{e}' is not in [rollout] efforts")
     for q, price in r.length_prices.items():
         _check_quantity(q, f"[reward] length_prices.{q}")
         if price < 0:
@@ -208,78 +266,9 @@ def _check_quantity(quantity: str, key: str) -> None:
         raise FlywheelError(f"{key}: unknown quantity '{quantity}' (known: {', '.join(QUANTITIES)})")
 
 
-# -------------------------------------------------------------------------------------------- loading
-
-
-def load_config(path: str | Path, cls: type = RunConfig) -> Any:
-    """`cls` filled from the TOML file at `path`; FlywheelError names the first bad key."""
-    path = Path(path)
-    if not path.is_file():
-        raise FlywheelError(f"{path}: config file not found")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise FlywheelError(f"{path}: not valid TOML: {e}") from None
-    return from_dict(cls, data, f"{path}")
-
-
-def from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
-    """Build dataclass `cls` from `data`, refusing unknown keys and wrongly typed values."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    values = {}
-    for key, value in data.items():
-        if key not in fields:
-            raise FlywheelError(f"{where}: unknown key '{key}' (known: {', '.join(fields)})")
-        values[key] = _coerce(
-            hints[key],
-            value,
-            f"{where}: [{key}]" if _section(hints[key]) else f"{where}: '{key}'",
-        )
-    return cls(**values)
-
-
-def _section(hint: Any) -> bool:
-    """A dataclass, or an optional one."""
-    return any(dataclasses.is_dataclass(h) for h in (hint, *typing.get_args(hint)))
-
-
-def _coerce(hint: Any, value: Any, where: str) -> Any:
-    if hint is Any:
-        return value
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise FlywheelError(f"{where}: expected a table, got {type(value).__name__}")
-        return from_dict(hint, value, where)
-    origin = typing.get_origin(hint)
-    if origin in (list, dict):
-        return _coerce_container(origin, typing.get_args(hint), value, where)
-    if origin in (typing.Union, types.UnionType) and value is not None:
-        options = [o for o in typing.get_args(hint) if o is not type(None)]
-        if len(options) == 1:  # an optional section or value: its own errors, by name
-            return _coerce(options[0], value, where)
-    if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(hint):
-            try:
-                return _coerce(option, value, where)
-            except FlywheelError:
-                continue
-        raise FlywheelError(f"{where}: unexpected value {value!r}")
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if hint is type(None) and value is None:
-        return None
-    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
-        raise FlywheelError(f"{where}: expected {hint.__name__}, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _coerce_container(origin: type, args: tuple[Any, ...], value: Any, where: str) -> Any:
-    if not isinstance(value, origin):
-        raise FlywheelError(f"{where}: expected a {'list' if origin is list else 'table'}, got {value!r}")
-    if origin is list:
-        return [_coerce(args[0], v, where) for v in value]
-    return {str(k): _coerce(args[1], v, f"{where}.{k}") for k, v in value.items()}
+def load_config(path: str | Path) -> RunConfig:
+    """The run config in the TOML file at `path`; FlywheelError names the first bad key."""
+    return settings.load_config(path, RunConfig)
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -1,40 +1,7 @@
-"""The RL objective: reward, baselines, advantages, replay log-probabilities and the policy loss.
+"""The RL objective on the trainer's side: replay log-probabilities and the policy loss, in torch.
 
-Everything here is a pure function of tensors or numbers; the training loop is a thin shell on top.
-
-Reward
-------
-``R = S - λ_e · C``: ``S`` is 1 for a verified success, ``C`` is the rollout's cost (inference spend and
-time, in whatever unit λ was calibrated in, see ``flywheel.rl.calibrate``) and ``λ_e`` the cost price of
-the rollout's effort level. A cheating attempt scores like a failure of the same cost: the grader alone
-decides cheating, and a cheat is never a success there (`flywheel.verify.grader`), whether or not the
-tests passed. This is the one place the reward is computed; the trainer's score (`flywheel.rl.trainer`)
-calls it and the loop stores it once, in the record's `rl`.
-
-An alternating length penalty (SWE-1.7's, off by default) subtracts ``Σ_q μ_q · max(0, u_q - B_e,q)``
-in penalised phases (`budget_penalty`): for each quantity ``q`` that effort e's budget names (`QUANTITIES`:
-model turns, generated tokens, compute seconds), ``μ_q`` per unit the attempt used over it. The original
-form is the one-quantity case, ``μ · max(0, turns - B_e)`` (`over_budget`). Phases of ``K`` steps
-alternate, success only first, then penalised (``length_penalty_on``), so attempts that can finish within
-the budget learn to, while in the success-only phases whatever solves the task is rewarded however long
-it runs.
-
-Baseline and advantages
------------------------
-Rollouts are grouped by (task, effort): same prompt, same price of cost. Within a group the advantage is
-``A_i = R_i - b``. The default baseline is length-weighted, ``b = Σ R_i L_i / Σ L_i`` with ``L_i`` the
-number of tokens the policy generated in rollout ``i`` (tool output and prompts excluded). Why: the
-policy-gradient estimate of one rollout is ``(R_i - b) g_i`` with ``g_i = Σ_t ∇ log π(token_t)``, and
-the ``b`` minimising ``E‖(R - b) g‖²`` is ``E[R‖g‖²] / E[‖g‖²]``. When ``‖g_i‖² ∝ L_i`` (a sum of ``L_i``
-roughly independent token gradients) that is the length-weighted mean (the "optimal baseline" of OPO).
-A group whose lengths are all zero carries no gradient at all; its baseline falls back to the plain mean
-so that advantages stay finite and meaningful for logging. A group of one has advantage 0: with no peer
-there is nothing to compare against. An attempt the infrastructure ended (`Trajectory.infra_failure`: the
-model server, the sandbox or the grader failed) is masked (`advantages_flat`'s `valid`): its advantage
-is 0 and its group's baseline is taken over the other attempts, so an outage neither pushes the policy
-away from what it did nor shifts its peers' advantages; a group left with fewer than two valid attempts
-trains nothing. Advantages are not divided by the group's standard deviation:
-that would re-weight tasks by how noisy they are (Dr. GRPO), which is not part of the objective.
+What an attempt is worth (reward, cost, length penalties, λ, baselines, advantages, the infrastructure mask)
+is `flywheel.rubric`'s; this module turns advantages into a loss.
 
 Sampling-distribution replay
 ----------------------------
@@ -62,165 +29,19 @@ batch × max generated tokens, as in Dr. GRPO). Each token then counts the same,
 every batch, which is what the length-weighted baseline assumes: a sequence's gradient is the sum of its
 token gradients. A per-sequence mean (``"seq_mean"``, the original GRPO) divides each sequence's gradient
 by its length, which up-weights short sequences, changes ``‖g_i‖²`` to ``∝ 1/L_i`` and so breaks the
-variance argument above; it is offered for comparison only. ``"token_mean"`` (divide by the batch's
+baseline's variance argument (`flywheel.rubric`); it is offered for comparison only. ``"token_mean"`` (divide by the batch's
 token count, as in DAPO) keeps the within-batch weighting but lets the step size drift with batch length.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Hashable, Mapping, Sequence
-from typing import Literal, TypeVar
+from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 import torch
 
-K = TypeVar("K", bound=Hashable)
-Baseline = Literal["length_weighted", "mean"]
 Normalise = Literal["token_sum/constant", "token_mean", "seq_mean"]
-
-# ------------------------------------------------------------------------------------------------ reward
-
-
-def reward(success: bool, cost: float, lam: float) -> float:
-    """``S - λ·C`` with ``S = 1`` for a success (the grader's: never a cheat). ``cost`` and ``lam`` must be
-    finite, ``lam >= 0``."""
-    if not (math.isfinite(cost) and math.isfinite(lam)):
-        raise ValueError(f"cost and lambda must be finite (cost={cost}, lambda={lam})")
-    if lam < 0:
-        raise ValueError(f"lambda must be >= 0, got {lam}")
-    return (1.0 if success else 0.0) - lam * cost
-
-
-def length_penalty_on(step: int, phase: int) -> bool:
-    """Whether RL step `step` (1-based) is in a penalised phase: phases of `phase` steps alternate, success
-    only first; `phase = 0` penalises every step."""
-    return phase == 0 or (step - 1) // phase % 2 == 1
-
-
-# what a length budget may name: model calls, generated tokens, compute seconds (`flywheel.rl.trainer.usage`)
-QUANTITIES = ("turns", "tokens", "seconds")
-
-
-def as_budget(budget: float | Mapping[str, float] | None) -> dict[str, float]:
-    """One effort's budget per quantity: a plain number is a turn budget (the original form), None none."""
-    if budget is None:
-        return {}
-    if isinstance(budget, Mapping):
-        return {q: float(b) for q, b in budget.items()}
-    return {"turns": float(budget)}
-
-
-def as_prices(price: float | Mapping[str, float]) -> dict[str, float]:
-    """Reward lost per unit over budget, per quantity: a plain number prices turns (the original form)."""
-    return {q: float(p) for q, p in price.items()} if isinstance(price, Mapping) else {"turns": float(price)}
-
-
-def overruns(usage: Mapping[str, float], budget: Mapping[str, float]) -> dict[str, float]:
-    """``max(0, used - budget)`` for each quantity `budget` names (`usage` must hold each of them)."""
-    return {q: max(0.0, float(usage[q]) - b) for q, b in budget.items()}
-
-
-def budget_penalty(
-    usage: Mapping[str, float], budget: Mapping[str, float], prices: Mapping[str, float]
-) -> float:
-    """The length penalty ``Σ_q price_q · max(0, used_q - budget_q)`` over the quantities `budget` names; a
-    quantity without a price costs nothing. Example: 5 turns and 1000 tokens against ``{turns: 3, tokens:
-    800}`` at ``{turns: 0.1, tokens: 0.0005}`` lose ``0.1·2 + 0.0005·200 = 0.3``."""
-    return sum((prices.get(q, 0.0) * over for q, over in overruns(usage, budget).items()), 0.0)
-
-
-def over_budget(turns: int, budget: int | None, price: float) -> float:
-    """The turn-only length penalty ``price · max(0, turns - budget)``; no budget, no penalty."""
-    return budget_penalty({"turns": turns}, as_budget(budget), {"turns": price})
-
-
-# --------------------------------------------------------------------------------- baselines, advantages
-
-
-def group_mean_baseline(rewards: Sequence[float]) -> float:
-    """The group's mean reward."""
-    if not rewards:
-        raise ValueError("a baseline needs at least one reward")
-    return float(sum(rewards)) / len(rewards)
-
-
-def length_weighted_baseline(rewards: Sequence[float], lengths: Sequence[int]) -> float:
-    """``Σ R_i·L_i / Σ L_i`` over one group; the plain mean when every length is zero.
-
-    ``lengths`` are generated-token counts (non-negative). Example: rewards ``[1, 0]`` with lengths
-    ``[10, 30]`` give ``(1·10 + 0·30) / 40 = 0.25``: the long failure pulls the baseline down.
-    """
-    if len(rewards) != len(lengths):
-        raise ValueError(f"{len(rewards)} rewards but {len(lengths)} lengths")
-    if any(n < 0 for n in lengths):
-        raise ValueError(f"lengths must be >= 0, got {list(lengths)}")
-    total = sum(lengths)
-    if total == 0:
-        return group_mean_baseline(rewards)
-    return float(sum(r * n for r, n in zip(rewards, lengths, strict=True))) / total
-
-
-BASELINES = ("length_weighted", "mean")
-
-
-def _baseline(group: Sequence[tuple[float, int]], kind: Baseline) -> float:
-    rewards = [r for r, _ in group]
-    if kind == "length_weighted":
-        return length_weighted_baseline(rewards, [n for _, n in group])
-    return group_mean_baseline(rewards)
-
-
-def advantages(
-    groups: Mapping[K, Sequence[tuple[float, int]]], baseline: Baseline = "length_weighted"
-) -> dict[K, list[float]]:
-    """Per-rollout ``A_i = R_i - b`` for each group of ``(reward, generated_tokens)`` pairs.
-
-    Keys are whatever identifies a group, typically ``(task_id, effort)``; the result keeps the keys and
-    the order of rollouts inside each group. A group of one has advantage exactly 0 (no peer).
-    """
-    if baseline not in BASELINES:
-        raise ValueError(f"unknown baseline {baseline!r}; expected 'length_weighted' or 'mean'")
-    out: dict[K, list[float]] = {}
-    for key, group in groups.items():
-        if len(group) < 2:
-            out[key] = [0.0] * len(group)
-            continue
-        b = _baseline(group, baseline)
-        out[key] = [r - b for r, _ in group]
-    return out
-
-
-def advantages_flat(
-    rewards: Sequence[float],
-    lengths: Sequence[int],
-    keys: Sequence[Hashable],
-    baseline: Baseline = "length_weighted",
-    valid: Sequence[bool] | None = None,
-) -> list[float]:
-    """`advantages` for flat, aligned lists: rollout ``i`` belongs to group ``keys[i]``.
-
-    ``valid[i]`` False masks rollout ``i`` (an infrastructure failure): its advantage is 0 and its group's
-    baseline is over the valid rollouts only. None: every rollout is valid.
-    """
-    valid = [True] * len(rewards) if valid is None else valid
-    if not len(rewards) == len(lengths) == len(keys) == len(valid):
-        raise ValueError(
-            f"lengths differ: {len(rewards)} rewards, {len(lengths)} lengths, {len(keys)} keys, "
-            f"{len(valid)} valid flags"
-        )
-    members: dict[Hashable, list[int]] = {}
-    for i, key in enumerate(keys):
-        if valid[i]:
-            members.setdefault(key, []).append(i)
-    groups = {key: [(rewards[i], lengths[i]) for i in idx] for key, idx in members.items()}
-    per_group = advantages(groups, baseline)
-    out = [0.0] * len(rewards)
-    for key, idx in members.items():
-        for i, a in zip(idx, per_group[key], strict=True):
-            out[i] = a
-    return out
-
 
 # ------------------------------------------------------------------------------------------------ replay
 
@@ -255,7 +76,7 @@ def rebuild_kept_mask(
     """The ``[T, V]`` top-p kept mask the sampler's rule gives on the *trainer's* ``logits``, plus each
     position's sampled token: for turns whose sampler did not record its kept sets.
 
-    The rule is the torch engine's (`flywheel.models.torch_engine`): sort softmax(``logits / temperature``)
+    The rule is the torch engine's (`flywheel.models.sampling`): sort softmax(``logits / temperature``)
     in decreasing order and keep a token while the mass ranked above it is below ``top_p``; ``top_p >= 1``
     keeps the full vocabulary. Computed without gradient.
 

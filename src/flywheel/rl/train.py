@@ -19,7 +19,7 @@ The run directory (`flywheel.loop.RunDir`):
     tensorboard/         metrics.jsonl's scalars as TensorBoard events, with `[train] tensorboard = true`
 
 Determinism (`deterministic = true`): task sampling and every sampling seed derive from (seed, step); the
-reward prices modelled seconds instead of measured ones (`flywheel.rl.rollout`); torch runs deterministic
+reward prices modelled seconds instead of measured ones (`flywheel.rubric`); torch runs deterministic
 algorithms. Two runs of one config then write the same metrics.jsonl and checkpoint files, byte for byte,
 on the same machine and thread count. A deterministic Fusion run's engine keeps no prefix cache: its
 delegations run one at a time in the order the concurrent leads reach them, and a prompt prefilled whole or
@@ -45,15 +45,15 @@ from typing import Any
 
 import torch
 
+from flywheel import rubric
 from flywheel.errors import FlywheelError
-from flywheel.eval.run import budget_overrides
-from flywheel.harness import EFFORTS, HarnessConfig
-from flywheel.harness.agent import COMPACTIONS
+from flywheel.eval.run import efforts_for
+from flywheel.fusion import sidekick_rollout
+from flywheel.harness import Effort, HarnessConfig
 from flywheel.loop import RunDir, WorkItem
 from flywheel.loop import run as run_loop
-from flywheel.loop.config import RUN_FIELDS, LoopConfig, check_config
+from flywheel.loop.config import LoopConfig
 from flywheel.loop.dispatch import item_id
-from flywheel.models import MODELS, SPECS
 from flywheel.progress import progress
 from flywheel.record import Trajectory
 from flywheel.rl.config import RunConfig, to_dict
@@ -62,8 +62,6 @@ from flywheel.seeding import stable_seed
 from flywheel.sft.rename import rename_task
 from flywheel.tasks import Task, load_suite
 from flywheel.tasks.curate import pass_rates, select
-
-LOOP_DEFAULTS = LoopConfig()
 
 
 def model_spec(path: str) -> str:
@@ -102,73 +100,8 @@ def load_engine(cfg: RunConfig, spec: str = ""):
 
 
 def resolve_lambdas(cfg: RunConfig) -> dict[str, float]:
-    """λ per effort: explicit values, else the calibration file's, else 0."""
-    from_file: dict[str, float] = {}
-    if cfg.reward.calibration:
-        path = Path(cfg.reward.calibration)
-        if not path.is_file():
-            raise FlywheelError(f"[reward] calibration '{path}': file not found (run `flywheel calibrate`)")
-        from_file = json.loads(path.read_text()).get("lambdas", {})
-    return {e: float(cfg.reward.lambdas.get(e, from_file.get(e, 0.0))) for e in cfg.rollout.efforts}
-
-
-def check(cfg: RunConfig) -> None:
-    """Refuse settings that cannot run, naming the key."""
-    for e in cfg.rollout.efforts:
-        if e not in EFFORTS:
-            raise FlywheelError(f"[rollout] efforts: unknown effort '{e}' (choose from {', '.join(EFFORTS)})")
-    if not cfg.rollout.temperature > 0:
-        raise FlywheelError("[rollout] temperature must be > 0 (the replayed distribution needs one)")
-    if not 0 < cfg.rollout.top_p <= 1:
-        raise FlywheelError("[rollout] top_p must be in (0, 1]")
-    if cfg.objective.baseline not in ("length_weighted", "mean"):
-        raise FlywheelError("[objective] baseline must be 'length_weighted' or 'mean'")
-    if cfg.optim.kind not in ("muon", "adamw"):
-        raise FlywheelError("[optim] kind must be 'muon' or 'adamw'")
-    for key in ("tasks_per_step", "group_size", "concurrency", "cohorts"):
-        if getattr(cfg.rollout, key) < 1:
-            raise FlywheelError(f"[rollout] {key} must be >= 1")
-    if cfg.objective.pack_tokens < 1 or cfg.objective.batch_tokens < 1:
-        raise FlywheelError("[objective] pack_tokens and batch_tokens must be >= 1")
-    if cfg.train.update_threads < 0:
-        raise FlywheelError("[train] update_threads must be >= 0 (0: as `threads`)")
-    if cfg.train.steps < 0 or cfg.train.checkpoint_every < 1:
-        raise FlywheelError("[train] steps must be >= 0 and checkpoint_every >= 1")
-    if not 0 <= cfg.tasks.rename <= 1:
-        raise FlywheelError("[tasks] rename must be a share between 0 and 1")
-    if cfg.train.trajectories not in ("lite", "full", "none"):
-        raise FlywheelError("[train] trajectories must be 'lite', 'full' or 'none'")
-    set_in_loop = [f for f in RUN_FIELDS if getattr(cfg.loop, f) != getattr(LOOP_DEFAULTS, f)]
-    if set_in_loop:
-        raise FlywheelError(f"[loop] {set_in_loop[0]}: set by the rest of the run config, not in [loop]")
-    check_config(loop_config(cfg, spec="unchecked"))  # the model path is checked where it is loaded
-    check_fusion(cfg)
-    r = cfg.reward
-    if r.length_penalty < 0 or r.length_phase < 0:
-        raise FlywheelError("[reward] length_penalty and length_phase must be >= 0")
-    if r.length_scope not in ("all", "solved"):
-        raise FlywheelError("[reward] length_scope must be 'all' or 'solved'")
-    for e, turns in r.length_budget.items():
-        if e not in cfg.rollout.efforts:
-            raise FlywheelError(f"[reward] length_budget: effort '{e}' is not in [rollout] efforts")
-        if turns < 1:
-            raise FlywheelError(f"[reward] length_budget.{e} must be >= 1 turn")
-
-
-def check_fusion(cfg: RunConfig) -> None:
-    """A `[fusion]` section names a known lead (loaded only where the episodes run)."""
-    f = cfg.fusion
-    if f is None:
-        return
-    if not f.lead:
-        raise FlywheelError("[fusion] lead is missing: give the lead's model spec (e.g. scripted-lead)")
-    kind = f.lead.split(":", 1)[0]
-    if f.lead != "scripted-lead" and (kind not in MODELS or kind == "torch"):
-        raise FlywheelError(f"[fusion] lead: unknown model '{f.lead}' (use {SPECS}, or scripted-lead)")
-    if f.lead_effort and f.lead_effort not in EFFORTS:
-        raise FlywheelError(f"[fusion] lead_effort: unknown effort '{f.lead_effort}'")
-    if f.max_delegations < 1:
-        raise FlywheelError("[fusion] max_delegations must be >= 1")
+    """λ per effort (`flywheel.rubric.resolve_lambdas`): `[reward] lambdas`, else its calibration file's."""
+    return rubric.resolve_lambdas(cfg.rollout.efforts, cfg.reward.lambdas, cfg.reward.calibration)
 
 
 def fusion_options(cfg: RunConfig) -> dict[str, Any]:
@@ -238,27 +171,30 @@ def curated(tasks: list, history: list[Trajectory], cfg: RunConfig, step: int) -
     return [t for t in tasks if t.id in keep] or tasks
 
 
-def harness_config(cfg: RunConfig, version: int) -> HarnessConfig:
-    """The harness every backend runs the run's episodes under (at policy `version`)."""
+def harness_config(cfg: RunConfig, version: int = 0) -> HarnessConfig:
+    """The harness every backend runs the run's episodes under (at policy `version`); it checks its own
+    settings (a bad one names `[rollout]`)."""
     r = cfg.rollout
-    if r.compaction not in COMPACTIONS:
-        raise FlywheelError(
-            f"[rollout] compaction must be one of {', '.join(COMPACTIONS)}, got '{r.compaction}'"
+    try:
+        return HarnessConfig(
+            action_format="tagged",
+            temperature=r.temperature,
+            top_p=r.top_p,
+            observation_chars=r.observation_chars,
+            policy_version=version,
+            cohorts=r.cohorts,
+            compaction=r.compaction,
+            compact_at=r.compact_at,
         )
-    if not 0 < r.compact_at <= 1:
-        raise FlywheelError(
-            f"[rollout] compact_at must be a share of the context in (0, 1], got {r.compact_at}"
-        )
-    return HarnessConfig(
-        action_format="tagged",
-        temperature=r.temperature,
-        top_p=r.top_p,
-        observation_chars=r.observation_chars,
-        policy_version=version,
-        cohorts=r.cohorts,
-        compaction=r.compaction,
-        compact_at=r.compact_at,
-    )
+    except FlywheelError as e:
+        raise FlywheelError(f"[rollout] {str(e).removeprefix('harness ')}") from None
+
+
+def run_efforts(cfg: RunConfig) -> dict[str, Effort]:
+    """Each effort level of the run with its `[rollout]` budgets (deterministic: no budget that depends on
+    measured seconds), by name."""
+    r = cfg.rollout
+    return {e.name: e for e in efforts_for(r.efforts, r.max_turns, r.max_tokens, cfg.deterministic)}
 
 
 def history_row(record: Trajectory, step: int) -> Trajectory:
@@ -305,7 +241,7 @@ def make_trainer(cfg: RunConfig) -> Trainer:
     trainer runs). In float32 the two share one model; with `[model] dtype = "bfloat16"` the trainer gets
     float32 master weights loaded from the same directory and the engine a bfloat16 copy it keeps in sync."""
     from flywheel.models.hf import load_hf
-    from flywheel.models.torch_engine import torch_model_dir
+    from flywheel.models.loading import torch_model_dir
 
     setup_torch(cfg)
     engine = load_engine(cfg)
@@ -318,34 +254,27 @@ def make_trainer(cfg: RunConfig) -> Trainer:
 
 def loop_config(cfg: RunConfig, spec: str = "") -> LoopConfig:
     """The loop's config: the `[loop]` table, with its run-level fields from the rest of the run config
-    (`spec`: the model spec, default the run's `[model] path`)."""
+    (`spec`: the model spec, default the run's `[model] path`, resolved after the loop has checked its
+    settings)."""
     r = cfg.rollout
-    h = harness_config(cfg, 0)  # every backend runs episodes as this harness does
-    return dataclasses.replace(
+    loop = dataclasses.replace(
         cfg.loop,
-        model=spec or model_spec(cfg.model.path),
         steps=cfg.train.steps,
-        efforts=list(r.efforts),
+        efforts=run_efforts(cfg),
+        harness=harness_config(cfg),
         samples=r.group_size,
         groups_per_step=r.tasks_per_step * len(r.efforts),
-        budgets={e: budget_overrides(e, r.max_turns, r.max_tokens, cfg.deterministic) for e in r.efforts},
-        observation_chars=h.observation_chars,
-        action_format=h.action_format,
-        cohorts=h.cohorts,
-        compaction=h.compaction,
-        compact_at=h.compact_at,
         concurrency=r.concurrency,
-        temperature=r.temperature,
-        top_p=r.top_p,
         deterministic=cfg.deterministic,
         seed=cfg.seed,
         max_context=cfg.model.max_context,
         max_minutes=cfg.train.max_minutes,
         checkpoint_every=cfg.train.checkpoint_every,
         trajectories=cfg.train.trajectories,
-        episodes="flywheel.fusion:sidekick_rollout" if cfg.fusion else "",
-        episodes_options=fusion_options(cfg),
+        episodes=partial(sidekick_rollout, **fusion_options(cfg)) if cfg.fusion else None,
     )
+    loop.model = spec or model_spec(cfg.model.path)
+    return loop
 
 
 class ScalarEvents:
@@ -379,7 +308,6 @@ class ScalarEvents:
 
 def train(cfg: RunConfig, out: Path, *, on_step=None) -> list[dict[str, Any]]:
     """Run (or resume) training into `out`; returns the metrics of the steps run now."""
-    check(cfg)
     events = ScalarEvents(Path(out)) if cfg.train.tensorboard else None  # a missing package fails first
     lcfg = loop_config(cfg)
     lambdas = resolve_lambdas(cfg)

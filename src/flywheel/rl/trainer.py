@@ -2,11 +2,10 @@
 
 `Trainer.step(records)`:
 
-1. reward ``R_i = S_i - λ_e·C_i`` per rollout (`objective.reward`, C from `rollout.reward_cost`; a Fusion
-   attempt's C is the lead's and the sidekick's together);
-2. advantages within each (task, effort) group, against the length-weighted baseline (or the group mean),
-   over the attempts the policy ended: one the infrastructure ended (`Trajectory.infra_failure`) stays
-   in the records with its score but has advantage 0 and is left out of its group's baseline;
+1. the run's rubric (`flywheel.rubric.Rubric`) scores the records: reward ``R_i = S_i - λ_e·C_i`` (a
+   Fusion attempt's C is the lead's and the sidekick's together), length penalties, and advantages within
+   each (task, effort) group over the attempts the policy ended (one the infrastructure ended stays in
+   the records with its score but has advantage 0 and is left out of its group's baseline);
 3. for every trained assistant turn that carries its sampled tokens (`turns_of`: a Fusion attempt's
    sidekick turns only, the lead frozen), a forward pass over the turn's exact prompt
    and generated ids (packed, see below); the generated tokens' log-probabilities are replayed over the sampler's top-p kept
@@ -44,12 +43,7 @@ then runs in training mode, so a model with dropout would apply it there.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import statistics
-import tempfile
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -57,26 +51,19 @@ from typing import Any
 import torch
 
 from flywheel.errors import FlywheelError
+from flywheel.files import building
 from flywheel.models.hf import mixed, resolve_dtype, train_top_layers
 from flywheel.record import Trajectory
 from flywheel.rl.config import RunConfig
 from flywheel.rl.objective import (
-    QUANTITIES,
-    advantages_flat,
-    as_budget,
-    as_prices,
-    budget_penalty,
-    length_penalty_on,
-    overruns,
     policy_loss,
     replay_entropy,
     replay_log_probs,
     replay_mask,
-    reward,
 )
 from flywheel.rl.optim import build_optimizer
 from flywheel.rl.pack import PrefixPack, pack_groups
-from flywheel.rl.rollout import cost_parts
+from flywheel.rubric import Rubric, turns_of
 
 TURN_TOKENS = 256  # default per-rollout share of the token budget
 
@@ -93,18 +80,6 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-def turns_of(record: Trajectory) -> list[dict[str, Any]]:
-    """The assistant turns that carry sampled tokens (in-process models) and are trained: a Fusion
-    attempt's (`record.fusion`) are its nested sidekick episodes' only, whatever the lead's turns carry
-    (the lead is frozen); they all share the attempt's advantage."""
-    episodes = (record.sidekick or []) if record.fusion is not None else [record]
-    return [t for e in episodes for t in e.turns if t["role"] == "assistant" and t.get("token_ids")]
-
-
-def generated_tokens(record: Trajectory) -> int:
-    return sum(len(t["token_ids"]) for t in turns_of(record))
-
-
 def token_batches(turns: Sequence[dict[str, Any]], max_tokens: int) -> list[list[int]]:
     """Indices of `turns` grouped into batches of similar length whose padded size stays under `max_tokens`."""
     order = sorted(range(len(turns)), key=lambda i: len(turns[i]["prompt_ids"]) + len(turns[i]["token_ids"]))
@@ -118,59 +93,6 @@ def token_batches(turns: Sequence[dict[str, Any]], max_tokens: int) -> list[list
     return batches
 
 
-def usage(record: Trajectory) -> dict[str, float]:
-    """What an attempt used of each quantity a length budget may name (`objective.QUANTITIES`): its model
-    calls (`n_turns`), generated tokens (`completion_tokens`) and its own compute seconds (`compute_s`: tool
-    calls plus its share of the batched generation; not `wall_s`, which counts waiting on the batch's other
-    episodes). A Fusion attempt's are its lead's record's."""
-    return {"turns": record.n_turns, "tokens": record.completion_tokens, "seconds": record.compute_s}
-
-
-def score(
-    records: Sequence[Trajectory],
-    lambdas: dict[str, float],
-    baseline: str,
-    deterministic: bool,
-    length_price: float | Mapping[str, float] = 0.0,
-    length_budget: Mapping[str, float | Mapping[str, float]] | None = None,
-    length_scope: str = "all",
-) -> list[dict[str, float]]:
-    """Per record: cost, λ, reward and advantage (pure; the records are not changed). The alternating
-    length penalty comes off the reward: `length_budget` per effort is a turn count or a budget per
-    quantity (`{"turns": 3, "tokens": 800, "seconds": 20}`), `length_price` a price per turn or per
-    quantity, and each unit of a quantity `usage` went over its budget costs its price
-    (`objective.budget_penalty`); with `length_scope="solved"` only in (task, effort) groups where some
-    attempt solved the task (a success is honest: the grader never lets a cheat succeed). A record the
-    infrastructure ended (`infra_failure`) is masked: advantage 0, and left out of its group's baseline
-    and of `solved`; a group with fewer than two valid records trains nothing. A Fusion attempt's cost is
-    the pair's, and its score adds each side's (`lead_cost`, `sidekick_cost`); its tokens are its
-    sidekick's."""
-    parts = [cost_parts(r, deterministic) for r in records]
-    costs = [lead + side for lead, side in parts]
-    lams = [float(lambdas.get(r.effort, 0.0)) for r in records]
-    keys = [(r.task_id, r.effort) for r in records]
-    valid = [r.infra_failure is None for r in records]
-    solved_groups = {k for k, r, v in zip(keys, records, valid, strict=True) if r.success and v}
-    budget, prices = length_budget or {}, as_prices(length_price)
-    over = [
-        budget_penalty(usage(r), as_budget(budget.get(r.effort)), prices)
-        if length_scope == "all" or k in solved_groups
-        else 0.0
-        for r, k in zip(records, keys, strict=True)
-    ]
-    rewards = [reward(r.success, c, lam) - o for r, c, lam, o in zip(records, costs, lams, over, strict=True)]
-    lengths = [generated_tokens(r) for r in records]
-    adv = advantages_flat(rewards, lengths, keys, baseline, valid)
-    out = [
-        {"cost": c, "lambda": lam, "length_penalty": o, "reward": rw, "advantage": a, "tokens": n}
-        for c, lam, o, rw, a, n in zip(costs, lams, over, rewards, adv, lengths, strict=True)
-    ]
-    for s, r, (lead, side) in zip(out, records, parts, strict=True):
-        if r.fusion is not None:
-            s.update(lead_cost=lead, sidekick_cost=side)
-    return out
-
-
 class Trainer:
     """Policy-gradient updates of an HF causal LM from trajectory records; see the module docstring."""
 
@@ -178,6 +100,11 @@ class Trainer:
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
         self.engine = engine  # a Model generating from `model`'s parameters (the inline loop backend's)
         self.lambdas = dict(lambdas)
+        r = cfg.reward
+        self.rubric = Rubric(
+            self.lambdas, cfg.objective.baseline, cfg.deterministic, r.prices(), r.budgets(), r.length_phase,
+            r.length_scope,
+        )  # fmt: skip
         self.dtype = resolve_dtype(cfg.model.dtype, "[model] dtype")
         first = next(model.parameters())
         self.device = first.device
@@ -209,29 +136,19 @@ class Trainer:
     # -- one update
 
     def scores(self, records: Sequence[Trajectory], step: int) -> list[dict[str, float]]:
-        """`score` of the records of RL step `step` (1-based; it sets the length-penalty phase)."""
-        cfg, r = self.cfg, self.cfg.reward
-        prices = r.prices() if length_penalty_on(step, r.length_phase) else {}
-        return score(
-            records,
-            self.lambdas,
-            cfg.objective.baseline,
-            cfg.deterministic,
-            prices,
-            r.budgets(),
-            r.length_scope,
-        )
+        """The rubric's score of the records of RL step `step` (1-based; it sets the length-penalty phase)."""
+        return self.rubric.score(records, step)
 
     def step(self, records: Sequence[Trajectory]) -> tuple[dict[str, float], list[dict[str, float]]]:
         """One RL step from graded records (step `version + 1`, which sets the length-penalty phase), on
         `[train] update_threads` threads; increments `version`; returns the step's metrics (`_update`'s and
-        `budget_metrics`) and each record's score (`score`)."""
-        step, r = self.version + 1, self.cfg.reward
+        the rubric's) and each record's score (`flywheel.rubric.score`)."""
+        step = self.version + 1
         with torch_threads(self.cfg.train.update_threads):
-            scores = self.scores(records, step)
-            metrics = self._update(records, scores)
-        penalised = length_penalty_on(step, r.length_phase)
-        return {**metrics, **budget_metrics(records, r.budgets(), penalised)}, scores
+            scores = self.rubric.score(records, step)
+            metrics = self.rubric.metrics(records, scores, step)
+            metrics.update(self._update(records, scores))
+        return metrics, scores
 
     def _update(self, records: Sequence[Trajectory], scores: list[dict[str, float]]) -> dict[str, float]:
         cfg = self.cfg
@@ -255,7 +172,7 @@ class Trainer:
                 self.optimizer.step()
         self.sync_engine()
         self.version += 1
-        return {**stats, **outcome_metrics(records, scores)}
+        return stats
 
     def _accumulate(self, work: list[tuple[dict[str, Any], float]], budget: float) -> dict[str, float]:
         """Backward of the loss over every turn in `work`, in padded batches; returns the step's statistics."""
@@ -381,21 +298,13 @@ class Trainer:
     def save(self, path: Path) -> Path:
         """Checkpoint into directory `path` atomically: weights, tokenizer, optimizer, version."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        try:
+        with building(path) as tmp:
             self.model.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             (tmp / "trainer.json").write_text(
                 json.dumps({"version": self.version, "lambdas": self.lambdas}) + "\n"
             )
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return path
 
     def load(self, path: Path) -> None:
@@ -412,85 +321,3 @@ class Trainer:
         )
         self.version = int(json.loads((path / "trainer.json").read_text())["version"])
         self.sync_engine()
-
-
-def outcome_metrics(records: Sequence[Trajectory], scores: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Reward, success, cost, turns and generated tokens: overall and per effort level (`high/success`).
-
-    The means are over the valid records only, those the policy ended, so that an outage does not read as
-    the policy getting worse (none valid: no means); `infra_failures` counts the others and
-    `infra/<cause>` each cause (`flywheel.record.INFRA_CAUSES`).
-    """
-    pairs = [(r, s) for r, s in zip(records, scores, strict=True) if r.infra_failure is None]
-    out = _means([r for r, _ in pairs], [s for _, s in pairs], "")
-    for effort in sorted({r.effort for r, _ in pairs}):
-        mine = [(r, s) for r, s in pairs if r.effort == effort]
-        out.update(_means([r for r, _ in mine], [s for _, s in mine], f"{effort}/"))
-    return {**out, **infra_counts(records)}
-
-
-def budget_metrics(
-    records: Sequence[Trajectory], budgets: Mapping[str, Mapping[str, float]], penalised: bool
-) -> dict[str, float]:
-    """With length budgets set: `length_penalised` (1 in a penalised phase, 0 in a success-only one) and, for
-    each budgeted quantity q, `over_q`: the share of the step's attempts at the efforts that budget q that
-    used more of it, overall and per effort level (`medium/over_tokens`). Measured in both phases and
-    whatever `length_scope`, over the attempts the policy ended (as `outcome_metrics`'s means); a quantity
-    no such attempt budgets has no rate. No budgets: no keys."""
-    if not budgets:
-        return {}
-    valid = [r for r in records if r.infra_failure is None]
-    out = {"length_penalised": float(penalised), **_overrun_rates(valid, budgets, "")}
-    for e in sorted(budgets):
-        out.update(_overrun_rates([r for r in valid if r.effort == e], budgets, f"{e}/"))
-    return out
-
-
-def _overrun_rates(
-    records: Sequence[Trajectory], budgets: Mapping[str, Mapping[str, float]], prefix: str
-) -> dict[str, float]:
-    over = [overruns(usage(r), budgets.get(r.effort, {})) for r in records]
-    return {
-        f"{prefix}over_{q}": statistics.fmean(o[q] > 0 for o in over if q in o)
-        for q in QUANTITIES
-        if any(q in o for o in over)
-    }
-
-
-def infra_counts(records: Sequence[Trajectory]) -> dict[str, float]:
-    """`infra_failures`: records the infrastructure ended; `infra/<cause>`: per cause, those that occur."""
-    causes = Counter(r.infra_failure for r in records if r.infra_failure is not None)
-    return {"infra_failures": float(sum(causes.values()))} | {
-        f"infra/{c}": float(n) for c, n in sorted(causes.items())
-    }
-
-
-def _means(
-    records: Sequence[Trajectory], scores: Sequence[dict[str, float]], prefix: str
-) -> dict[str, float]:
-    if not records:
-        return {}
-    return {
-        f"{prefix}reward": statistics.fmean(s["reward"] for s in scores),
-        f"{prefix}success": statistics.fmean(float(r.success) for r in records),
-        f"{prefix}cost": statistics.fmean(s["cost"] for s in scores),
-        f"{prefix}turns": statistics.fmean(r.n_turns for r in records),
-        f"{prefix}tokens": statistics.fmean(s["tokens"] for s in scores),
-        f"{prefix}format_errors": statistics.fmean(r.format_errors for r in records),
-        **_fusion_means(records, scores, prefix),
-    }
-
-
-def _fusion_means(
-    records: Sequence[Trajectory], scores: Sequence[dict[str, float]], prefix: str
-) -> dict[str, float]:
-    """Fusion's attempts: delegations and take-overs per attempt, each side's mean cost (the reward's)."""
-    pairs = [(r.fusion, s) for r, s in zip(records, scores, strict=True) if r.fusion is not None]
-    if not pairs:
-        return {}
-    return {
-        f"{prefix}delegations": statistics.fmean(f["delegations"] for f, _ in pairs),
-        f"{prefix}take_overs": statistics.fmean(f["take_overs"] for f, _ in pairs),
-        f"{prefix}lead_cost": statistics.fmean(s["lead_cost"] for _, s in pairs),
-        f"{prefix}sidekick_cost": statistics.fmean(s["sidekick_cost"] for _, s in pairs),
-    }

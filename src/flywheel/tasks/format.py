@@ -15,10 +15,7 @@ reader never sees half a task.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.errors import TaskError
+from flywheel.files import building
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _FIELDS = {"id", "instruction", "test_command", "fail_to_pass", "pass_to_pass", "timeout_s", "meta"}
@@ -201,9 +199,7 @@ def write_task(
 ) -> Task:
     """Write a task directory atomically (build beside `dest`, then rename) and return it loaded."""
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+    with building(dest) as tmp:
         (tmp / "task.toml").write_text(toml)
         (tmp / "solution.patch").write_text(solution_patch)
         for sub, files in (("repo", repo), ("tests", hidden_tests)):
@@ -212,12 +208,5 @@ def write_task(
                 p = tmp / sub / rel
                 p.parent.mkdir(parents=True, exist_ok=True)
                 p.write_text(text)
-        task = load_task(tmp)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    del task
+        load_task(tmp)  # a broken task is refused here, before it takes the place of `dest`
     return load_task(dest)

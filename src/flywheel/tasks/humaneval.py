@@ -45,6 +45,7 @@ from pathlib import Path
 from flywheel.errors import TaskError
 from flywheel.tasks.format import task_toml, write_task
 from flywheel.tasks.patch import apply_patch, make_patch
+from flywheel.tasks.suites import Builtin
 
 VERSION = "1"
 MODULE = "solution.py"
@@ -470,3 +471,6 @@ def build(out: Path, seed: int) -> None:
     del seed
     for problem in load_problems():
         build_task(Path(out), problem)
+
+
+BUILTIN = Builtin(VERSION, build)

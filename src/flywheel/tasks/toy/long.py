@@ -32,11 +32,11 @@ from functools import cache
 from pathlib import Path
 
 from flywheel.seeding import stable_seed
-from flywheel.tasks import Task, load_suite, materialise
-from flywheel.tasks.format import task_toml, write_task
+from flywheel.tasks.format import Task, task_toml, write_task
 from flywheel.tasks.patch import make_patch
-from flywheel.tasks.toy import HELDOUT_MODULES, module_names, read_module, test_names
-from flywheel.tasks.toy import VERSION as TOY_VERSION
+from flywheel.tasks.suites import Builtin, load_suite, materialise
+from flywheel.tasks.toy.suite import HELDOUT_MODULES, module_names, read_module, test_names
+from flywheel.tasks.toy.suite import VERSION as TOY_VERSION
 
 VERSION = f"{TOY_VERSION}.1"  # a new toybugs is a new toybugs-long
 SUITE = "toybugs-long"
@@ -156,3 +156,6 @@ def build(out: Path, seed: int, base: Path | None = None) -> None:
     directory under `base`)."""
     for task in load_suite(base or materialise("toybugs", seed)):
         long_task(out, task, seed)
+
+
+BUILTIN = Builtin(VERSION, build)

@@ -1,0 +1,56 @@
+"""Put the model to work on any local repository: one attempt at an instruction, its result a diff.
+
+`solve(repo, instruction, model, ...)` snapshots the repository's working tree into a temporary task
+directory (`snapshot`: without `.git` and without caches and environments, `SKIP`), builds an ad-hoc
+`Task` on it (no hidden tests and no reference fix: `fail_to_pass` and `pass_to_pass` are empty), runs one
+harness episode in a kept workspace, and diffs that workspace against the snapshot. The grader does not
+judge the attempt (there is nothing to judge it against): `test_grader` only runs the test command once
+more on a copy of the final workspace, so the report says where the tests stand. The record is the
+harness's (`flywheel.record.Trajectory`), written with a `summary.json` by `save_run`, which builds the run
+directory beside its destination and renames it into place.
+
+The repository itself is never touched by `solve`; `apply_to_repo` applies the diff afterwards, only when
+the whole patch applies: `git apply --check` first when the repository is a git checkout (its top level),
+else the project's strict applier (`flywheel.tasks.patch`), which computes every file before writing one.
+
+`find_test_command` guesses the test command from the usual pytest markers.
+
+What is not covered: binary files the agent changed are left out of the diff (`read_tree` reads text
+only); the snapshot holds the repository as it was when the run began, so a repository edited meanwhile
+may refuse the patch (`apply_to_repo` then changes nothing); a test command that needs packages outside
+the sandbox's Python environment fails as it would for the agent.
+
+Modules: `inputs` (the snapshot, the test command, the ad-hoc task, and the checks of bad input),
+`attempt` (`solve`, `SolveResult`, `test_grader`), `output` (the run directory, the lines that close a
+run, `apply_to_repo`). `flywheel solve` is the command line over them.
+"""
+
+from flywheel.solve.attempt import SolveResult, changed_files, solve, test_grader
+from flywheel.solve.inputs import (
+    NO_TESTS,
+    SKIP,
+    check_inputs,
+    find_test_command,
+    refuse_scripted,
+    snapshot,
+    solve_task,
+)
+from flywheel.solve.output import apply_to_repo, closing_lines, save_run, write_outputs
+
+__all__ = [
+    "NO_TESTS",
+    "SKIP",
+    "SolveResult",
+    "apply_to_repo",
+    "changed_files",
+    "check_inputs",
+    "closing_lines",
+    "find_test_command",
+    "refuse_scripted",
+    "save_run",
+    "snapshot",
+    "solve",
+    "solve_task",
+    "test_grader",
+    "write_outputs",
+]

@@ -1,0 +1,202 @@
+"""`flywheel solve` on a tiny git repository, driven by a fake model that plays a fixed plan (no mocking:
+the real harness, sandbox and command line run; the fake is registered as a model backend by name)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from flywheel.cli import main
+from flywheel.models import MODELS
+from flywheel.protocols import Completion
+from flywheel.record import read_trajectories
+from flywheel.solve import find_test_command, snapshot
+
+BUGGY = "def add(a, b):\n    return a - b\n"
+FIXED = "def add(a, b):\n    return a + b\n"
+TEST = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+FIX = '<edit path="calc.py">\n<old>\n    return a - b\n</old>\n<new>\n    return a + b\n</new>\n</edit>'
+PLAN = ["<shell>ls -a</shell>", '<view path="calc.py"/>', FIX, "<run_tests/>", "<submit/>"]
+
+
+class PlanModel:
+    """Plays `plan`, one tagged action per turn; `before_turn[k]()` runs before it answers turn k."""
+
+    native_tools = False
+
+    def __init__(self, plan=PLAN, before_turn=None, name="plan"):
+        self.plan, self.before_turn, self.name = plan, before_turn or {}, name
+
+    def generate(self, requests):
+        out = []
+        for r in requests:
+            turn = r.meta["turn"]
+            if turn in self.before_turn:
+                self.before_turn[turn]()
+            out.append(
+                Completion(self.plan[min(turn, len(self.plan) - 1)], prompt_tokens=50, completion_tokens=10)
+            )
+        return out
+
+
+PLANS: dict[str, PlanModel] = {}
+
+
+def load_plan(spec, **opts):
+    return PLANS[spec]
+
+
+@pytest.fixture
+def use_model(monkeypatch):
+    """Register a `PlanModel` under a model spec, as a backend is registered by name."""
+
+    def register(spec, model):
+        PLANS[spec] = model
+        monkeypatch.setitem(MODELS, spec, f"{__name__}:load_plan")
+        return spec
+
+    yield register
+    PLANS.clear()
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A git checkout with a bug in calc.py and a pytest test that shows it."""
+    root = tmp_path / "proj"
+    (root / "tests").mkdir(parents=True)
+    (root / "calc.py").write_text(BUGGY)
+    (root / "tests" / "test_calc.py").write_text(TEST)
+    (root / "__pycache__").mkdir()
+    (root / "__pycache__" / "junk.pyc").write_bytes(b"\0")
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "calc.py", "tests"], check=True)
+    subprocess.run([*git, "commit", "-qm", "init"], check=True)
+    return root
+
+
+def solve(*args):
+    with pytest.raises(SystemExit) as exit_:
+        main(["solve", *map(str, args)])
+    return exit_.value.code
+
+
+def one_line_error(capsys, fragment):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0] and "Traceback" not in err[0], err
+
+
+def test_the_diff_comes_out_and_the_repository_is_untouched(repo, tmp_path, use_model, capsys):
+    out = tmp_path / "run"
+    assert solve("--repo", repo, "--model", use_model("plan", PlanModel()), "--out", out, "fix add") == 0
+    captured = capsys.readouterr()
+    assert "-    return a - b\n+    return a + b\n" in captured.out
+    assert captured.out.startswith("--- a/calc.py\n+++ b/calc.py\n")
+    assert (repo / "calc.py").read_text() == BUGGY
+    assert "tests: python -m pytest -q: passed" in captured.err
+    [record] = read_trajectories(out / "trajectories.jsonl")
+    listing = next(t["text"] for t in record.turns if t.get("name") == "shell")
+    assert "calc.py" in listing and ".git" not in listing and "__pycache__" not in listing
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ending"] == "submitted" and summary["files_changed"] == ["calc.py"]
+    assert summary["tests"]["agent_runs"] == 1 and summary["tests"]["last_run"]["passed"] is True
+    assert "1 passed" in summary["tests"]["agent_last"] and summary["cost"] >= 0
+    assert (out / "patch.diff").read_text() == captured.out
+
+
+def test_apply_patches_the_repository_and_git_agrees(repo, tmp_path, use_model, capsys):
+    patch = tmp_path / "fix.diff"
+    spec = use_model("plan", PlanModel())
+    assert solve("--repo", repo, "--model", spec, "--apply", "--patch-out", patch, "fix add") == 0
+    assert capsys.readouterr().out == "" and "+    return a + b" in patch.read_text()
+    assert (repo / "calc.py").read_text() == FIXED
+    status = subprocess.run(["git", "-C", repo, "status", "--porcelain"], capture_output=True, text=True)
+    assert status.stdout.split()[:2] == ["M", "calc.py"]  # the only tracked change
+
+
+def test_apply_without_git_uses_the_projects_applier(repo, use_model, capsys):
+    subprocess.run(["rm", "-rf", str(repo / ".git")], check=True)
+    assert solve("--repo", repo, "--model", use_model("plan", PlanModel()), "--apply", "fix add") == 0
+    assert (repo / "calc.py").read_text() == FIXED
+
+
+def test_a_patch_that_no_longer_applies_leaves_the_repository_as_it_is(repo, tmp_path, use_model, capsys):
+    edited = "def add(a, b):\n    return b - a  # someone else's edit\n"
+    model = PlanModel(before_turn={4: lambda: (repo / "calc.py").write_text(edited)})
+    out = tmp_path / "run"
+    assert solve("--repo", repo, "--model", use_model("plan", model), "--apply", "--out", out, "fix") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "not applied" in err[-1] and "Traceback" not in "".join(err)
+    assert (repo / "calc.py").read_text() == edited and (out / "summary.json").is_file()
+
+
+def test_a_given_test_command_and_an_agent_that_changes_nothing(repo, tmp_path, use_model, capsys):
+    spec = use_model("idle", PlanModel(["<submit/>"]))
+    args = (
+        "--repo",
+        repo,
+        "--model",
+        spec,
+        "--test-command",
+        "python -m pytest -q tests",
+        "--out",
+        tmp_path / "r",
+    )
+    assert solve(*args, "look around") == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and "tests: python -m pytest -q tests: failed" in captured.err
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["files_changed"] == []
+
+
+def test_fusion_pairs_are_taken(repo, use_model, capsys):
+    lead = use_model("lead", PlanModel(["<delegate>fix add in calc.py</delegate>", "<submit/>"]))
+    side = use_model("side", PlanModel(PLAN[1:]))
+    assert solve("--repo", repo, "--lead", lead, "--sidekick", side, "fix add") == 0
+    assert "+    return a + b" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--repo", "{tmp}/missing", "--model", "scripted", "fix"], "not a directory"),
+        (["--repo", "{repo}", "--model", "scripted", "  "], "instruction is empty"),
+        (["--repo", "{repo}", "--model", "nope", "fix"], "unknown model"),
+        (["--repo", "{repo}", "--model", "scripted", "--effort", "huge", "fix"], "effort"),
+        (["--repo", "{repo}", "--model", "scripted", "--out", "{repo}", "fix"], "exists"),
+        (["--repo", "{repo}", "--lead", "scripted", "fix"], "--sidekick"),
+        (["--repo", "{repo}", "--model", "scripted-sweep", "fix"], "replay a task's reference fix"),
+        (
+            ["--repo", "{repo}", "--lead", "scripted-lead", "--sidekick", "toybugs-sweep", "fix"],
+            "--lead scripted-lead",
+        ),
+        (["--repo", "{repo}", "--model", "openai:x", "--draft", "lookup", "fix"], "--draft needs a torch"),
+        (["--repo", "{repo}", "--model", "toybugs-sweep", "--draft", "layers:9", "fix"], "4 decoder layers"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, fragment, repo, tmp_path, capsys):
+    before = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*"))
+    code = solve(*(a.format(tmp=tmp_path, repo=repo) for a in args))
+    assert code == 2
+    one_line_error(capsys, fragment)
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")) == before
+
+
+def test_the_test_command_is_found_from_the_usual_markers(tmp_path):
+    assert find_test_command(tmp_path) is None
+    (tmp_path / "setup.cfg").write_text("[metadata]\nname = x\n")
+    assert find_test_command(tmp_path) is None
+    (tmp_path / "tox.ini").write_text("[pytest]\naddopts = -q\n")
+    assert find_test_command(tmp_path) == "python -m pytest -q"
+    (tmp_path / "tox.ini").unlink()
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    assert find_test_command(tmp_path) == "python -m pytest -q"
+
+
+def test_the_snapshot_leaves_history_caches_and_environments_behind(repo, tmp_path):
+    for d in (".venv/lib", "node_modules/x", "pkg.egg-info"):
+        (repo / d).mkdir(parents=True)
+    snapshot(repo, tmp_path / "copy")
+    kept = sorted(p.relative_to(tmp_path / "copy").as_posix() for p in (tmp_path / "copy").rglob("*"))
+    assert kept == ["calc.py", "tests", "tests/test_calc.py"]
