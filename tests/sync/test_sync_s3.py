@@ -27,6 +27,27 @@ def test_s3_store_basics(weed):
         store.get("a/nope")
 
 
+def test_stores_opened_at_once_on_a_new_bucket_all_open(weed):
+    """Processes that open stores on a bucket nobody has made yet (pools and a resumed trainer starting
+    together) race to make it: whoever loses the race takes the bucket as it is rather than failing."""
+    barrier, errors = threading.Barrier(6), []
+
+    def open_one(i: int) -> None:
+        barrier.wait()
+        try:
+            s3 = FsspecStore("s3://race/run", endpoint_url=weed.endpoint, key=ACCESS_KEY, secret=SECRET_KEY)
+            s3.put(f"k{i}", b"v")
+        except StoreError as exc:
+            errors.append(str(exc))
+
+    threads = [threading.Thread(target=open_one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
 def test_server_try_again_answers_are_retried_and_missing_keys_are_not():
     """S3's 500/503 answers, as s3fs raises them, are transient; a missing key or a refusal is not."""
     from botocore.exceptions import ClientError

@@ -19,6 +19,7 @@ starting gives them) are retried with exponential backoff, bounded by `Retry.att
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
@@ -165,7 +166,8 @@ class FsspecStore:
 
         def make() -> None:
             if not self.fs.exists(bucket):
-                self.fs.mkdir(bucket)
+                with contextlib.suppress(FileExistsError):  # another process made it meanwhile: as wanted
+                    self.fs.mkdir(bucket)
 
         with_retry(make, self.retry, f"{self.url}: bucket {bucket}", self.on_retry)
 
