@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from flywheel.eval.run import efforts_for, make_specs, rollout
+    from flywheel.eval.run import make_specs, rollout
+    from flywheel.harness import efforts_for
     from flywheel.models.torch_engine import load_torch_model
     from flywheel.rl.config import load_config
     from flywheel.rl.train import harness_config, load_tasks

@@ -9,55 +9,19 @@ episodes through it.
 By default a workspace that is byte-identical to the task's repository is not graded (the verifier's QA
 already established that the unmodified repository fails; see `flywheel.verify.default_grader`); pass
 `grader=default_grader(sandbox)` to grade every workspace.
-
-`efforts_for` gives the effort levels with a run's budget overrides; `deterministic` lifts the budgets
-that depend on measured seconds, so that an episode ends at the same point twice.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort, run_episodes
+from flywheel.harness import EpisodeSpec, HarnessConfig, run_episodes
 from flywheel.harness.effort import Effort
 from flywheel.protocols import Grader, Model, Sandbox
 from flywheel.record import Trajectory
 from flywheel.sandbox import get_sandbox
 from flywheel.tasks.format import Task
 from flywheel.verify import default_grader
-
-
-def efforts_for(
-    names: Sequence[str],
-    max_turns: dict[str, int] | None = None,
-    max_tokens: dict[str, int] | None = None,
-    deterministic: bool = False,
-) -> list[Effort]:
-    """The effort levels `names`, with per-level budget overrides.
-
-    `deterministic` lifts the wall-time and dollar budgets, which depend on measured seconds and so
-    cannot end an episode at the same point twice; turn and token budgets still apply.
-    """
-    return [
-        get_effort(name, **budget_overrides(name, max_turns, max_tokens, deterministic)) for name in names
-    ]
-
-
-def budget_overrides(
-    name: str,
-    max_turns: dict[str, int] | None = None,
-    max_tokens: dict[str, int] | None = None,
-    deterministic: bool = False,
-) -> dict[str, Any]:
-    """The budgets of effort `name` that differ from its defaults (see `efforts_for`)."""
-    overrides: dict[str, Any] = {"wall_s": math.inf, "max_cost": math.inf} if deterministic else {}
-    if max_turns and name in max_turns:
-        overrides["max_turns"] = int(max_turns[name])
-    if max_tokens and name in max_tokens:
-        overrides["max_tokens"] = int(max_tokens[name])
-    return overrides
 
 
 def make_specs(

@@ -6,7 +6,7 @@ the models and the harness both speak.
 
 from flywheel.harness.agent import ENDINGS, INFRA_ENDINGS, EpisodeSpec, HarnessConfig, run_episodes
 from flywheel.harness.cost import Pricing, pricing_for
-from flywheel.harness.effort import EFFORTS, Effort, get_effort
+from flywheel.harness.effort import EFFORTS, Effort, budget_overrides, efforts_for, get_effort
 
 __all__ = [
     "ENDINGS",
@@ -19,4 +19,6 @@ __all__ = [
     "EFFORTS",
     "Effort",
     "get_effort",
+    "budget_overrides",
+    "efforts_for",
 ]

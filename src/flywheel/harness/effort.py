@@ -2,11 +2,18 @@
 
 SWE-2 trains `medium`, `high` and `max` in one RL run; each level is told which it is (the marker) and
 gets its own budget. The RL cost penalty λ_e of each level is calibrated separately (flywheel.rl).
+
+`efforts_for` gives the levels with a run's budget overrides (each refused by `get_effort` when it is not a
+budget); `deterministic` lifts the budgets that depend on measured seconds, so that an episode ends at
+the same point twice.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from flywheel.errors import FlywheelError
 
@@ -52,3 +59,34 @@ def get_effort(name: str, **overrides: float) -> Effort:
     if unknown:
         raise FlywheelError(f"not an effort budget: {', '.join(unknown)} (effort '{name}')")
     return replace(EFFORTS[name], **overrides) if overrides else EFFORTS[name]
+
+
+def efforts_for(
+    names: Sequence[str],
+    max_turns: dict[str, int] | None = None,
+    max_tokens: dict[str, int] | None = None,
+    deterministic: bool = False,
+) -> list[Effort]:
+    """The effort levels `names`, with per-level budget overrides.
+
+    `deterministic` lifts the wall-time and dollar budgets, which depend on measured seconds and so
+    cannot end an episode at the same point twice; turn and token budgets still apply.
+    """
+    return [
+        get_effort(name, **budget_overrides(name, max_turns, max_tokens, deterministic)) for name in names
+    ]
+
+
+def budget_overrides(
+    name: str,
+    max_turns: dict[str, int] | None = None,
+    max_tokens: dict[str, int] | None = None,
+    deterministic: bool = False,
+) -> dict[str, Any]:
+    """The budgets of effort `name` that differ from its defaults (see `efforts_for`)."""
+    overrides: dict[str, Any] = {"wall_s": math.inf, "max_cost": math.inf} if deterministic else {}
+    if max_turns and name in max_turns:
+        overrides["max_turns"] = int(max_turns[name])
+    if max_tokens and name in max_tokens:
+        overrides["max_tokens"] = int(max_tokens[name])
+    return overrides

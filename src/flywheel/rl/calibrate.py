@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.eval.measure import LADDER, measure_ladder
-from flywheel.eval.run import efforts_for, rollout
+from flywheel.eval.run import rollout
 from flywheel.fusion import sidekick_rollout
+from flywheel.harness import efforts_for
 from flywheel.progress import progress
 from flywheel.rl.config import RunConfig
 from flywheel.rl.train import (

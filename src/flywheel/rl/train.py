@@ -47,9 +47,8 @@ import torch
 
 from flywheel import rubric
 from flywheel.errors import FlywheelError
-from flywheel.eval.run import efforts_for
 from flywheel.fusion import sidekick_rollout
-from flywheel.harness import Effort, HarnessConfig
+from flywheel.harness import Effort, HarnessConfig, efforts_for
 from flywheel.loop import RunDir, WorkItem
 from flywheel.loop import run as run_loop
 from flywheel.loop.config import LoopConfig

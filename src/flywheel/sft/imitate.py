@@ -40,8 +40,8 @@ from typing import Any
 import torch
 
 from flywheel.errors import FlywheelError
-from flywheel.eval.run import efforts_for, make_specs, rollout
-from flywheel.harness import HarnessConfig
+from flywheel.eval.run import make_specs, rollout
+from flywheel.harness import HarnessConfig, efforts_for
 from flywheel.models import get_model
 from flywheel.models.hf import mixed, resolve_device, resolve_dtype, train_top_layers
 from flywheel.models.tiny import IM_END, IM_START, build_tiny_model
