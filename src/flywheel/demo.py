@@ -64,7 +64,7 @@ def row(name: str, effort: str, s: dict) -> str:
     edit = s["median_steps_to_first_edit"]
     return (
         f"{name:8s} {effort:7s} {s['n']:4d}  {s['success_rate']:6.1%}  [{lo:5.1%}, {hi:5.1%}]  "
-        f"${s['mean_reward_cost']:.5f}  {s['mean_turns']:5.1f}  {edit if edit is not None else '-':>5}"
+        f"${s['mean_reward_cost']:.5f}  {s['mean_turns']:5.1f}  {'-' if edit is None else f'{edit:g}':>5}"
     )
 
 

@@ -84,7 +84,7 @@ def summary_table(rep: Report) -> str:
                 f"<tr><td>{escape(policy)}</td><td>{escape(effort)}</td><td>{s.get('n', '')}</td>"
                 f"<td><b>{_pct(s['success_rate'])}</b> [{_pct(lo)}, {_pct(hi)}]</td>"
                 f"<td>${_cost(s):.5f}</td><td>{s.get('mean_turns', 0):.1f}</td>"
-                f"<td>{'-' if edit is None else edit}</td><td>{s.get('infra_failures', 0)}</td></tr>"
+                f"<td>{'-' if edit is None else f'{edit:g}'}</td><td>{s.get('infra_failures', 0)}</td></tr>"
             )
     return f'<table class="summary">{head}{"".join(rows)}</table>'
 
