@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from flywheel.harness import HarnessConfig
     from flywheel.protocols import Model
 
-ACTION_FORMATS = ("auto", "native", "tagged")
-
 
 def check_roles(model: str | None, lead: str | None, sidekick: str | None) -> None:
     """Exactly one policy: `--model`, or `--lead` with `--sidekick` (Fusion)."""
@@ -68,6 +66,7 @@ def load_policy(
     "auto" wins over what the model says and what an SFT base learned; `engine`: a torch engine model's
     device and dtype)."""
     from flywheel.harness import HarnessConfig
+    from flywheel.harness.agent import ACTION_FORMATS
 
     if action_format not in ACTION_FORMATS:
         raise FlywheelError(f"bad --action-format {action_format!r}: use {', '.join(ACTION_FORMATS)}")
