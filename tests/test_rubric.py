@@ -145,3 +145,12 @@ def test_a_group_of_one_has_exactly_zero_advantage():
 def test_unknown_baseline_is_refused():
     with pytest.raises(ValueError, match="unknown baseline"):
         advantages({"g": [(1.0, 1)]}, baseline="median")  # type: ignore[arg-type]
+
+
+def test_the_rubric_imports_no_torch():
+    """Evaluation, calibration and `flywheel grade` price attempts without loading a deep-learning stack."""
+    import subprocess
+    import sys
+
+    code = "import sys, flywheel.rubric; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
