@@ -68,6 +68,12 @@ def eval_(
     compact_at: float = typer.Option(
         0.8, "--compact-at", help="Share of the model's context at which a summary is asked for, in (0, 1]."
     ),
+    cold_pytest: bool = typer.Option(
+        False,
+        "--cold-pytest",
+        help="Start every sandboxed `python -m pytest` afresh, not forked from the episode's warm parent "
+        "(the same results, slower: see flywheel.sandbox.warm).",
+    ),
     device: str = typer.Option(
         "auto", "--device", help="Torch engine models: auto (CUDA when a GPU is visible), cpu or cuda."
     ),
@@ -116,7 +122,7 @@ def eval_(
     tasks = load_suite(suite, split=split)
     settings = EvalSettings(tasks[:limit] if limit else tasks, effort, seed, concurrency, overwrite)
     policy, cfg = load_policy(spec, base_url, seed, temperature, top_p, cohorts, action_format, engine)
-    cfg = replace(cfg, compaction=compaction, compact_at=compact_at)
+    cfg = replace(cfg, compaction=compaction, compact_at=compact_at, warm_pytest=not cold_pytest)
     pair = None
     if sidekick:
         helper = load_policy(

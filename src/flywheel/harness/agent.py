@@ -95,6 +95,7 @@ class HarnessConfig:
     compaction: str = "elide"  # near or past the context limit: "summary" (opt-in until a base learns it), "elide" or "none"
     compact_at: float = 0.8  # share of the model's `max_context` at which a summary is asked for
     summary_prompt: str = SUMMARY_PROMPT  # what asks the model to summarise its working state
+    warm_pytest: bool = True  # `python -m pytest`/`pytest` forked from a warm parent (flywheel.sandbox.warm)
 
     def __post_init__(self) -> None:
         check_config(self)
@@ -202,7 +203,7 @@ def start_episode(
     """A fresh episode on its own copy of the task's repository (or in `spec.workspace`); one whose copy
     failed has already ended (`sandbox_error`)."""
     ws = spec.workspace or new_workspace() / "repo"
-    tools = Tools(spec.task, ws, sandbox, cfg.command_timeout_s)
+    tools = Tools(spec.task, ws, sandbox, cfg.command_timeout_s, cfg.warm_pytest)
     try:
         if spec.workspace is None:
             shutil.copytree(spec.task.repo, ws, symlinks=True)
@@ -210,6 +211,7 @@ def start_episode(
         ep = Episode(spec, tools, action_format, [], [], extra=extra)
         _infra_ending(ep, "sandbox_error", f"the workspace could not be copied: {e}")
         return ep
+    tools.prepare()
     files = sorted(p.relative_to(ws).as_posix() for p in ws.rglob("*") if p.is_file())
     if spec.workspace is not None:  # a borrowed workspace may hold what running the tests wrote
         files = [f for f in files if not {"__pycache__", ".pytest_cache"} & set(f.split("/"))]
@@ -547,6 +549,7 @@ def finish(ep: Episode, cfg: HarnessConfig, grader: Grader | None) -> Trajectory
     marks the record an infrastructure failure ("grader"); an attempt the sandbox failed is not graded.
     An episode in a borrowed workspace (`EpisodeSpec.workspace`) is neither graded nor deleted here."""
     wall_s = time.perf_counter() - ep.start  # the attempt itself, grading excluded
+    ep.tools.close()
     verdict = None
     borrowed = ep.spec.workspace is not None
     try:

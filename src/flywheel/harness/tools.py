@@ -23,6 +23,7 @@ from pathlib import Path
 
 from flywheel.actions import Action
 from flywheel.protocols import Limits, Sandbox
+from flywheel.sandbox.warm import EpisodeSandbox
 from flywheel.tasks.format import Task
 
 VIEW_LINES = 120  # lines shown by a `view` without a range
@@ -44,9 +45,32 @@ class ToolResult:
 
 
 class Tools:
-    def __init__(self, task: Task, workspace: Path, sandbox: Sandbox, command_timeout_s: float = 30.0):
+    def __init__(
+        self,
+        task: Task,
+        workspace: Path,
+        sandbox: Sandbox,
+        command_timeout_s: float = 30.0,
+        warm_pytest: bool = False,
+    ):
         self.task, self.workspace, self.sandbox = task, workspace.resolve(), sandbox
         self.limits = Limits(timeout_s=command_timeout_s, output_bytes=OBSERVATION_BYTES)
+        self.warm_pytest = warm_pytest
+        self.episode: EpisodeSandbox | None = None
+
+    def prepare(self) -> None:
+        """With `warm_pytest`, start the episode's warm pytest parent (`flywheel.sandbox.warm`) where the
+        backend has one, once the workspace holds the repository; the first command otherwise does."""
+        if self.warm_pytest and self.episode is None:
+            self.episode = EpisodeSandbox.open(self.sandbox, self.workspace)
+            self.warm_pytest = self.episode is not None
+
+    def close(self) -> None:
+        """End the episode's warm pytest, if any (idempotent)."""
+        if self.episode is not None:
+            self.episode.close()
+            self.episode = None
+        self.warm_pytest = False
 
     def execute(self, action: Action) -> ToolResult:
         """Run one action. A call no file system or process can take (a NUL byte in an argument, a path
@@ -133,7 +157,11 @@ class Tools:
 
     def _run(self, argv: list[str]) -> ToolResult:
         try:
-            r = self.sandbox.run(self.workspace, argv, limits=self.limits)
+            self.prepare()
+            if self.episode is not None:
+                r = self.episode.run(argv, limits=self.limits)
+            else:
+                r = self.sandbox.run(self.workspace, argv, limits=self.limits)
         except Exception as e:  # the sandbox's own failure, not the command's: never shown as its output
             return ToolResult("error: the sandbox failed", ok=False, sandbox_error=f"{type(e).__name__}: {e}")
         status = "timed out" if r.timed_out else f"exit code {r.exit_code}"

@@ -73,6 +73,7 @@ class RolloutConfig:
     observation_chars: int = 1500  # longest tool output kept in the conversation
     compaction: str = "elide"  # near the context limit: "summary" (model-written), "elide" or "none"
     compact_at: float = 0.8  # with "summary": the share of the model's context that triggers it
+    warm_pytest: bool = True  # the agent's pytest runs forked from a warm parent (flywheel.sandbox.warm)
     max_turns: dict[str, int] = field(default_factory=dict)  # per-effort override of the turn budget
     max_tokens: dict[str, int] = field(default_factory=dict)  # per-effort override of the token budget
 

@@ -184,6 +184,7 @@ def harness_config(cfg: RunConfig, version: int = 0) -> HarnessConfig:
             cohorts=r.cohorts,
             compaction=r.compaction,
             compact_at=r.compact_at,
+            warm_pytest=r.warm_pytest,
         )
     except FlywheelError as e:
         raise FlywheelError(f"[rollout] {str(e).removeprefix('harness ')}") from None

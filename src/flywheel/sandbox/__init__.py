@@ -40,6 +40,26 @@ What is covered (each property has its own adversarial test in tests/sandbox/):
   are not mounted.
 - No privileges: capabilities dropped and no_new_privs set, so root inside cannot remount or escape.
 
+An episode's commands (the harness's `shell` and `run_tests`) run through `warm.EpisodeSandbox`: each still
+in a sandbox of its own as above, but `python -m pytest` and `pytest` are forked from a warm parent that
+lives in a sandbox beside them for the episode (twice as fast per run; `[rollout] warm_pytest = false`,
+`flywheel eval --cold-pytest` turn it off; the grader's runs stay cold). What changes for a warm run, and
+how each guarantee is kept (`warm.py` has the detail; tests/sandbox/test_warm.py compares 220 commands
+warm and cold):
+
+- Limits per command: the forked run joins the command's cgroups and takes its rlimits; wall time and
+  output are the command's. The shim that hands the run over counts as one more process.
+- Everything a command started is killed when it returns: its sandbox and cgroup as above, then every
+  process in the warm parent's namespace but the parent, and requests not yet served are dropped.
+- Nothing carried between commands but the workspace: each run is a fresh fork of a parent that runs no
+  command code and cannot be traced; /tmp is one directory of the episode, emptied before each command
+  (on disk, counted in `disk_mb`, where a cold command has a tmpfs of memory_mb). A run that could start
+  otherwise cold (a startup variable, a file that would shadow a module the parent imported, another
+  interpreter) is not forked: the real interpreter runs it.
+- What remains visible: process ids are the parent's namespace's; System V IPC objects live in the
+  parent's namespace for the episode; the run's stack starts a few frames deeper (a test that lowers the
+  recursion limit to a few dozen frames can tell).
+
 What is not covered:
 
 - The fallback backend has no file-system isolation: the host is readable (and writable where the user

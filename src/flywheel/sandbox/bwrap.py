@@ -20,6 +20,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flywheel.protocols import Limits, RunResult
 from flywheel.sandbox.cgroups import create_cgroup
@@ -28,6 +29,9 @@ from flywheel.sandbox.disk import DiskBudget
 from flywheel.sandbox.layout import SYSTEM_PATH, Layout, base_env, host_layout
 from flywheel.sandbox.limits import launcher, rlimits
 from flywheel.sandbox.supervise import run_supervised
+
+if TYPE_CHECKING:
+    from flywheel.sandbox.warm import EpisodeSandbox
 
 WORKSPACE = "/workspace"
 MB = 1024 * 1024
@@ -52,19 +56,25 @@ def bwrap_argv(
     extra_ro: Mapping[Path, Path],
     extra_rw: Mapping[Path, Path],
     as_root: bool,
+    tmp_dir: Path | None = None,
+    overlay: Sequence[tuple[Path, Path]] = (),
 ) -> list[str]:
-    """The full bwrap command line that runs `argv` in the sandbox."""
+    """The full bwrap command line that runs `argv` in the sandbox; /tmp is `tmp_dir` where one is given
+    (an episode's shared /tmp, `warm.py`), else a fresh tmpfs of `tmp_mb`. `overlay`: read-only binds
+    made last, in order (one source may cover several paths)."""
     args = [bwrap_path(), "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     args += ["--hostname", "sandbox", "--die-with-parent", "--new-session"]
     args += ["--cap-drop", "ALL"] if as_root else []
     # /tmp first, so a runtime that lives under /tmp (a checkout there) is bound on top of it
-    args += ["--proc", "/proc", *DEV, "--perms", "1777", "--size", str(tmp_mb * MB), "--tmpfs", "/tmp"]
+    fresh_tmp = ["--perms", "1777", "--size", str(tmp_mb * MB), "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", *DEV, *(["--bind", str(tmp_dir), "/tmp"] if tmp_dir else fresh_tmp)]
     for kind, host, dest in layout.mounts:
         args += ["--symlink", host, dest] if kind == "symlink" else ["--ro-bind", host, dest]
     args += [a for hidden in layout.hidden for a in _empty_dir(hidden)]
     args += ["--bind", str(workspace), WORKSPACE, *_hide_git(workspace)]
     args += [a for src, dest in extra_ro.items() for a in ("--ro-bind", str(src), str(dest))]
     args += [a for src, dest in extra_rw.items() for a in ("--bind", str(src), str(dest))]
+    args += [a for src, dest in overlay for a in ("--ro-bind", str(src), str(dest))]
     args += ["--remount-ro", "/", "--chdir", WORKSPACE, "--clearenv"]
     args += [a for key, value in env.items() for a in ("--setenv", key, value)]
     return [*args, "--", *argv]
@@ -132,8 +142,20 @@ class BwrapSandbox:
         extra_ro: Mapping[Path, Path] | None = None,
         extra_rw: Mapping[Path, Path] | None = None,
     ) -> RunResult:
-        limits = limits or Limits()
         workspace = check_request(workspace, argv, extra_ro, extra_rw)
+        return self.start(workspace, argv, limits or Limits(), env, extra_ro or {}, extra_rw or {})
+
+    def start(
+        self,
+        workspace: Path,
+        argv: Sequence[str],
+        limits: Limits,
+        env: Mapping[str, str] | None,
+        extra_ro: Mapping[Path, Path],
+        extra_rw: Mapping[Path, Path],
+        episode: EpisodeSandbox | None = None,
+    ) -> RunResult:
+        """Run a checked request; with an `episode` (`warm.py`), under its shared /tmp and warm parent."""
         layout = host_layout()
         cmd = bwrap_argv(
             argv,
@@ -141,15 +163,32 @@ class BwrapSandbox:
             layout=layout,
             env={**base_env(layout.path, "/tmp"), **(env or {})},
             tmp_mb=limits.memory_mb,
-            extra_ro=extra_ro or {},
-            extra_rw=extra_rw or {},
+            extra_ro=extra_ro,
+            extra_rw=extra_rw,
             as_root=os.geteuid() == 0,
+            tmp_dir=episode.tmp if episode is not None else None,
+            overlay=episode.overlay() if episode is not None else (),
         )
-        cgroup = create_cgroup(limits, OVERHEAD_PROCS, self.use_cgroups)
+        overhead = OVERHEAD_PROCS + (episode is not None)  # the shim waits beside a warm run
+        cgroup = create_cgroup(limits, overhead, self.use_cgroups)
         try:
             full = launcher(cmd, cgroup, rlimits(limits, cgroup))
-            disk = DiskBudget([workspace, *(extra_rw or {})], limits.disk_mb * MB)
+            disk = DiskBudget(
+                [workspace, *extra_rw, *([episode.tmp] if episode else [])], limits.disk_mb * MB
+            )
             env = {"PATH": SYSTEM_PATH}
-            return run_supervised(full, cwd="/", env=env, limits=limits, cgroup=cgroup, disk=disk)
+            if episode is not None:
+                episode.begin(cgroup)
+            return run_supervised(
+                full,
+                cwd="/",
+                env=env,
+                limits=limits,
+                cgroup=cgroup,
+                disk=disk,
+                also_kill=episode.end if episode is not None else None,
+            )
         finally:
+            if episode is not None:
+                episode.end()
             cgroup.remove()

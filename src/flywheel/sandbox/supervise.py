@@ -17,7 +17,7 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from flywheel.protocols import Limits, RunResult
@@ -38,8 +38,12 @@ def run_supervised(
     limits: Limits,
     cgroup: RunCgroup,
     disk: DiskBudget | None = None,
+    also_kill: Callable[[], None] | None = None,
 ) -> RunResult:
-    """Run `argv` to completion, timeout or disk overrun; the returned result's processes are all gone."""
+    """Run `argv` to completion, timeout or disk overrun; the returned result's processes are all gone.
+
+    `also_kill` ends what the command started outside its own process tree (an episode's warm runs),
+    with the rest, before the last output is drained."""
     start = time.perf_counter()
     buf = OutputBuffer(limits.output_bytes)
     proc = subprocess.Popen(
@@ -57,6 +61,8 @@ def run_supervised(
         fd = proc.stdout.fileno()
         out_open, ended = _pump(fd, proc.pid, buf, start + limits.timeout_s, disk)
         _kill_everything(proc, cgroup)
+        if also_kill is not None:
+            also_kill()
         if out_open:
             _pump(fd, None, buf, time.perf_counter() + DRAIN_S)
         code = proc.wait()
