@@ -211,7 +211,6 @@ def start_episode(
         ep = Episode(spec, tools, action_format, [], [], extra=extra)
         _infra_ending(ep, "sandbox_error", f"the workspace could not be copied: {e}")
         return ep
-    tools.prepare()
     files = sorted(p.relative_to(ws).as_posix() for p in ws.rglob("*") if p.is_file())
     if spec.workspace is not None:  # a borrowed workspace may hold what running the tests wrote
         files = [f for f in files if not {"__pycache__", ".pytest_cache"} & set(f.split("/"))]

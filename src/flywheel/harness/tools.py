@@ -59,8 +59,8 @@ class Tools:
         self.episode: EpisodeSandbox | None = None
 
     def prepare(self) -> None:
-        """With `warm_pytest`, start the episode's warm pytest parent (`flywheel.sandbox.warm`) where the
-        backend has one, once the workspace holds the repository; the first command otherwise does."""
+        """With `warm_pytest`, the episode's sandbox with a warm pytest parent (`flywheel.sandbox.warm`)
+        where the backend has one; its first command that runs pytest starts the parent."""
         if self.warm_pytest and self.episode is None:
             self.episode = EpisodeSandbox.open(self.sandbox, self.workspace)
             self.warm_pytest = self.episode is not None

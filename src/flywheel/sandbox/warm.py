@@ -1,9 +1,10 @@
 """An episode's sandbox with a warm pytest: `python -m pytest` and `pytest` served by forking, not started.
 
 An episode runs `python -m pytest` again and again (the agent's sweeps, `run_tests`), and each cold run
-spends about 0.2 s of its 0.24 s starting the interpreter and importing pytest. `EpisodeSandbox` keeps, for as
-long as the episode lasts, one more sandbox beside its commands: the same mounts and workspace, running
-`warm_server.py`, which has imported pytest and waits on a socket. Each command still runs as before, in a
+spends about 0.2 s of its 0.24 s starting the interpreter and importing pytest. `EpisodeSandbox` keeps,
+from the episode's first command that names pytest (which waits up to `READY_S` for it) to its end, one
+more sandbox beside its commands: the same mounts and workspace, running `warm_server.py`, which has
+imported pytest and waits on a socket. Each command still runs as before, in a
 sandbox of its own, with two differences: the runtime's interpreter is covered by `warm_shim.py`, which
 hands `python -m pytest ...` and the `pytest` script to the warm parent (anything else execs the real
 interpreter), and /tmp is a directory of the episode shared with the warm parent's sandbox, emptied
@@ -88,12 +89,9 @@ class EpisodeSandbox:
 
     @classmethod
     def open(cls, sandbox: Sandbox, workspace: Path) -> EpisodeSandbox | None:
-        """The episode's sandbox, its warm parent starting (None where the backend has none)."""
-        if not isinstance(sandbox, BwrapSandbox):
-            return None
-        episode = cls(sandbox, workspace)
-        episode._start()
-        return episode
+        """The episode's sandbox (None where the backend has no warm parent). The parent starts with the
+        first command that names pytest: an episode that never runs it does not pay for one."""
+        return cls(sandbox, workspace) if isinstance(sandbox, BwrapSandbox) else None
 
     def run(
         self,
@@ -106,6 +104,8 @@ class EpisodeSandbox:
         workspace = check_request(self.workspace, argv, None, None)
         limits = limits or Limits()
         if self.broken is None and self.proc is None:
+            if not any("pytest" in a for a in argv):
+                return self.sandbox.start(workspace, argv, limits, env, {}, {})
             self._start()
         if not self.ready and self.broken is None:
             self._wait_ready()
