@@ -56,6 +56,8 @@ def startup_env(env):
 IMPORTED = frozenset(name.partition(".")[0] for name in sys.modules)
 START_ENV = startup_env(os.environ)
 BIN = os.path.dirname(sys.executable)
+with open("/proc/self/mountinfo") as _f:  # a bind of the same file system is no st_dev change
+    MOUNTS = frozenset(line.split()[4] for line in _f)
 STREAMS = (sys.stdin, sys.stdout, sys.stderr)  # kept alive in children: their collection would close 0-2
 
 
@@ -337,7 +339,7 @@ def shadowing_names():
             if seen > MAX_ENTRIES:
                 return {"(too many files to scan)"} | IMPORTED
             # a mount point under /tmp is the runtime (a checkout there): the same in a cold run
-            dirs[:] = [d for d in dirs if d != "__pycache__" and not os.path.ismount(os.path.join(path, d))]
+            dirs[:] = [d for d in dirs if d != "__pycache__" and os.path.join(path, d) not in MOUNTS]
             names.update(dirs)
             names.update(f.partition(".")[0] for f in files if f.endswith((".py", ".pyc", ".so", ".pth")))
     return names
