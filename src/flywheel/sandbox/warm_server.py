@@ -46,7 +46,6 @@ PR_SET_DUMPABLE = 4
 # What a cold interpreter reads from its environment while starting: a request that differs goes cold.
 STARTUP_KEYS = ("HOME", "LANG", "LANGUAGE", "TZ")
 STARTUP_PREFIXES = ("PYTHON", "LC_")
-SCRIPTS = ("pytest", "py.test")
 
 
 def startup_env(env):
