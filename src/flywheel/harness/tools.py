@@ -58,13 +58,6 @@ class Tools:
         self.warm_pytest = warm_pytest
         self.episode: EpisodeSandbox | None = None
 
-    def prepare(self) -> None:
-        """With `warm_pytest`, the episode's sandbox with a warm pytest parent (`flywheel.sandbox.warm`)
-        where the backend has one; its first command that runs pytest starts the parent."""
-        if self.warm_pytest and self.episode is None:
-            self.episode = EpisodeSandbox.open(self.sandbox, self.workspace)
-            self.warm_pytest = self.episode is not None
-
     def close(self) -> None:
         """End the episode's warm pytest, if any (idempotent)."""
         if self.episode is not None:
@@ -157,7 +150,9 @@ class Tools:
 
     def _run(self, argv: list[str]) -> ToolResult:
         try:
-            self.prepare()
+            if self.warm_pytest and self.episode is None:  # the first command opens the episode's sandbox
+                self.episode = EpisodeSandbox.open(self.sandbox, self.workspace)
+                self.warm_pytest = self.episode is not None
             if self.episode is not None:
                 r = self.episode.run(argv, limits=self.limits)
             else:

@@ -35,12 +35,14 @@ parent had already touched (pytest's modules) is charged to the parent, not to t
 stack starts a few frames deeper than a cold one's (only a recursion limit of a few dozen can tell).
 
 `EpisodeSandbox.open()` returns None where the warm parent cannot run (the fallback backend), and callers use
-the plain sandbox then; `[harness] warm_pytest = false` turns it off.
+the plain sandbox then; `HarnessConfig.warm_pytest = False` (`[rollout] warm_pytest`, `flywheel eval
+--cold-pytest`) turns it off.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import socket
@@ -48,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 
 from flywheel.protocols import Limits, RunResult, Sandbox
@@ -224,13 +226,15 @@ class EpisodeSandbox:
         self.close()
 
 
+@functools.cache
 def interpreters() -> list[Path]:
     """The runtime's interpreter binaries that `python`, `python3`, ... lead to (the shim covers them)."""
     names = [sys.executable, *Path(sys.prefix, "bin").glob("python*")]
     return sorted({Path(os.path.realpath(n)) for n in names if os.path.isfile(n)})
 
 
-def tmp_skeleton() -> set[str]:
+@functools.cache
+def tmp_skeleton() -> frozenset[str]:
     """Paths under /tmp (relative) that the layout mounts on: bwrap made them, they stay."""
     keep: set[str] = set()
     for _, _, dest in host_layout().mounts:
@@ -238,10 +242,10 @@ def tmp_skeleton() -> set[str]:
         while rel is not None and str(rel) != ".":
             keep.add(str(rel))
             rel = rel.parent
-    return keep
+    return frozenset(keep)
 
 
-def empty_tmp(tmp: Path, keep: set[str], rel: str = "") -> None:
+def empty_tmp(tmp: Path, keep: Set[str], rel: str = "") -> None:
     """Remove everything under `tmp` but the mount points in `keep` and the directories above them."""
     with os.scandir(tmp / rel if rel else tmp) as entries:
         for entry in list(entries):
