@@ -24,6 +24,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def cache_dir() -> Path:
+    """Where flywheel keeps what it builds once: `$FLYWHEEL_CACHE`, else `$XDG_CACHE_HOME/flywheel`, else
+    `~/.cache/flywheel`."""
+    if os.environ.get("FLYWHEEL_CACHE"):
+        return Path(os.environ["FLYWHEEL_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "flywheel"
+
+
 def _prefix(dest: Path) -> str:
     return f".{dest.name}.tmp-"
 

@@ -39,6 +39,30 @@ class RunResult:
     wall_s: float = 0.0
 
 
+WORKSPACE = "/workspace"  # where the workspace appears in the sandbox unless an environment moves it
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What a task's repository needs around it in the sandbox (task.toml's `[environment]`).
+
+    `requirements` and `python` name a built environment (a virtual environment made once per distinct
+    pair, cached, mounted read-only with its `bin` first on PATH: `flywheel.sandbox.envs`); `env` is laid
+    over every command's environment; `workdir` is where the workspace appears (the working directory).
+    The default, `Environment()`, is the project's own Python at /workspace, as before environments.
+    """
+
+    requirements: tuple[str, ...] = ()  # pip requirement strings
+    python: str | None = None  # "3.12": an interpreter of that version on this host; None: the project's
+    env: tuple[tuple[str, str], ...] = ()  # (name, value) pairs, sorted by name
+    workdir: str = WORKSPACE
+
+    @property
+    def built(self) -> bool:
+        """Whether a virtual environment has to be built for it (else the project's Python serves)."""
+        return bool(self.requirements) or self.python is not None
+
+
 @runtime_checkable
 class Sandbox(Protocol):
     """Runs commands in an isolated workspace: no network, read-only host, bounded resources."""
@@ -54,11 +78,13 @@ class Sandbox(Protocol):
         env: Mapping[str, str] | None = None,
         extra_ro: Mapping[Path, Path] | None = None,
         extra_rw: Mapping[Path, Path] | None = None,
+        environment: Environment | None = None,
     ) -> RunResult:
         """Run `argv` with `workspace` mounted read-write at the sandbox's working directory.
 
         `extra_ro` / `extra_rw` map host paths to paths inside the sandbox (the grader mounts its report
-        directory this way). Returns when every process the command started is gone.
+        directory this way). `environment`: the task's (its built environment, variables and workdir).
+        Returns when every process the command started is gone.
         """
         ...
 

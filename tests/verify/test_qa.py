@@ -177,10 +177,10 @@ class MarkedRuns:
         self.inner, self.fail_on, self.calls = get_sandbox(), fail_on, 0
         self.name = self.inner.name
 
-    def run(self, workspace, argv, *, limits=None, env=None, extra_ro=None, extra_rw=None) -> RunResult:
+    def run(self, workspace, argv, *, env=None, **kw) -> RunResult:
         self.calls += 1
         env = {**(env or {}), **({"QA_FLAKE": "fail"} if self.calls in self.fail_on else {})}
-        return self.inner.run(workspace, argv, limits=limits, env=env, extra_ro=extra_ro, extra_rw=extra_rw)
+        return self.inner.run(workspace, argv, env=env, **kw)
 
 
 def test_judge_warns_on_a_surviving_mutant_unless_strict():

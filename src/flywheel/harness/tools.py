@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flywheel.actions import Action
-from flywheel.protocols import Limits, Sandbox
+from flywheel.protocols import Environment, Limits, Sandbox
 from flywheel.sandbox.warm import EpisodeSandbox
 from flywheel.tasks.format import Task
 
@@ -151,12 +151,16 @@ class Tools:
     def _run(self, argv: list[str]) -> ToolResult:
         try:
             if self.warm_pytest and self.episode is None:  # the first command opens the episode's sandbox
-                self.episode = EpisodeSandbox.open(self.sandbox, self.workspace)
+                # the warm parent runs the project's own Python: a task with an environment runs cold
+                own = self.task.environment == Environment()
+                self.episode = EpisodeSandbox.open(self.sandbox, self.workspace) if own else None
                 self.warm_pytest = self.episode is not None
             if self.episode is not None:
                 r = self.episode.run(argv, limits=self.limits)
             else:
-                r = self.sandbox.run(self.workspace, argv, limits=self.limits)
+                r = self.sandbox.run(
+                    self.workspace, argv, limits=self.limits, environment=self.task.environment
+                )
         except Exception as e:  # the sandbox's own failure, not the command's: never shown as its output
             return ToolResult("error: the sandbox failed", ok=False, sandbox_error=f"{type(e).__name__}: {e}")
         status = "timed out" if r.timed_out else f"exit code {r.exit_code}"
@@ -166,8 +170,9 @@ class Tools:
         p = Path(path)
         if any(len(part.encode()) > 255 for part in p.parts):
             return ToolResult(f"error: a name in {path[:80]!r}... is longer than 255 bytes", ok=False)
-        if p.is_absolute():
-            p = Path(*p.parts[2:]) if p.parts[:2] == ("/", "workspace") else p
+        if p.is_absolute():  # the repository's path inside the sandbox, as the agent sees it there
+            workdir = Path(self.task.environment.workdir)
+            p = p.relative_to(workdir) if p == workdir or workdir in p.parents else p
         target = (self.workspace / p).resolve()
         if target != self.workspace and self.workspace not in target.parents:
             return ToolResult(f"error: {shlex.quote(path)} is outside the repository", ok=False)

@@ -22,10 +22,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flywheel.protocols import Limits, RunResult
+from flywheel.protocols import WORKSPACE, Environment, Limits, RunResult
 from flywheel.sandbox.cgroups import create_cgroup
 from flywheel.sandbox.common import SandboxError, check_request
 from flywheel.sandbox.disk import DiskBudget
+from flywheel.sandbox.envs import command_setup
 from flywheel.sandbox.layout import SYSTEM_PATH, Layout, base_env, host_layout
 from flywheel.sandbox.limits import launcher, rlimits
 from flywheel.sandbox.supervise import run_supervised
@@ -33,7 +34,6 @@ from flywheel.sandbox.supervise import run_supervised
 if TYPE_CHECKING:
     from flywheel.sandbox.warm import EpisodeSandbox
 
-WORKSPACE = "/workspace"
 MB = 1024 * 1024
 # A minimal /dev with three device nodes (bwrap's --dev mounts about ten, a millisecond each).
 DEV = [
@@ -58,11 +58,15 @@ def bwrap_argv(
     as_root: bool,
     tmp_dir: Path | None = None,
     overlay: Sequence[tuple[Path, Path]] = (),
+    workdir: str = WORKSPACE,
+    network: bool = False,
 ) -> list[str]:
     """The full bwrap command line that runs `argv` in the sandbox; /tmp is `tmp_dir` where one is given
     (an episode's shared /tmp, `warm.py`), else a fresh tmpfs of `tmp_mb`. `overlay`: read-only binds
-    made last, in order (one source may cover several paths)."""
-    args = [bwrap_path(), "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    made last, in order (one source may cover several paths). The workspace is bound at `workdir`;
+    `network` (environment builds only) keeps the host's network."""
+    args = [bwrap_path(), *([] if network else ["--unshare-net"]), "--unshare-pid", "--unshare-ipc"]
+    args += ["--unshare-uts"]
     args += ["--hostname", "sandbox", "--die-with-parent", "--new-session"]
     args += ["--cap-drop", "ALL"] if as_root else []
     # /tmp first, so a runtime that lives under /tmp (a checkout there) is bound on top of it
@@ -71,11 +75,11 @@ def bwrap_argv(
     for kind, host, dest in layout.mounts:
         args += ["--symlink", host, dest] if kind == "symlink" else ["--ro-bind", host, dest]
     args += [a for hidden in layout.hidden for a in _empty_dir(hidden)]
-    args += ["--bind", str(workspace), WORKSPACE, *_hide_git(workspace)]
+    args += ["--bind", str(workspace), workdir, *_hide_git(workspace, workdir)]
     args += [a for src, dest in extra_ro.items() for a in ("--ro-bind", str(src), str(dest))]
     args += [a for src, dest in extra_rw.items() for a in ("--bind", str(src), str(dest))]
     args += [a for src, dest in overlay for a in ("--ro-bind", str(src), str(dest))]
-    args += ["--remount-ro", "/", "--chdir", WORKSPACE, "--clearenv"]
+    args += ["--remount-ro", "/", "--chdir", workdir, "--clearenv"]
     args += [a for key, value in env.items() for a in ("--setenv", key, value)]
     return [*args, "--", *argv]
 
@@ -85,14 +89,14 @@ def _empty_dir(path: str) -> list[str]:
     return ["--perms", "0555", "--tmpfs", path]
 
 
-def _hide_git(workspace: Path) -> list[str]:
+def _hide_git(workspace: Path, workdir: str) -> list[str]:
     git = workspace / ".git"
     if git.is_symlink():
         return []  # its target is a host path, which is not mounted: it dangles inside
     if git.is_dir():
-        return _empty_dir(f"{WORKSPACE}/.git")
+        return _empty_dir(f"{workdir}/.git")
     if git.exists():
-        return ["--ro-bind", "/dev/null", f"{WORKSPACE}/.git"]
+        return ["--ro-bind", "/dev/null", f"{workdir}/.git"]
     return []
 
 
@@ -141,9 +145,15 @@ class BwrapSandbox:
         env: Mapping[str, str] | None = None,
         extra_ro: Mapping[Path, Path] | None = None,
         extra_rw: Mapping[Path, Path] | None = None,
+        environment: Environment | None = None,
+        network: bool = False,
     ) -> RunResult:
+        """`Sandbox.run`; `network=True` is the build mode of `envs.py`, the only caller that may use it."""
         workspace = check_request(workspace, argv, extra_ro, extra_rw)
-        return self.start(workspace, argv, limits or Limits(), env, extra_ro or {}, extra_rw or {})
+        return self.start(
+            workspace, argv, limits or Limits(), env, extra_ro or {}, extra_rw or {},
+            environment=environment, network=network,
+        )  # fmt: skip
 
     def start(
         self,
@@ -154,20 +164,25 @@ class BwrapSandbox:
         extra_ro: Mapping[Path, Path],
         extra_rw: Mapping[Path, Path],
         episode: EpisodeSandbox | None = None,
+        environment: Environment | None = None,
+        network: bool = False,
     ) -> RunResult:
         """Run a checked request; with an `episode` (`warm.py`), under its shared /tmp and warm parent."""
         layout = host_layout()
+        env_mounts, env_vars = command_setup(environment, layout.path)
         cmd = bwrap_argv(
             argv,
             workspace=workspace,
             layout=layout,
-            env={**base_env(layout.path, "/tmp"), **(env or {})},
+            env={**base_env(layout.path, "/tmp"), **env_vars, **(env or {})},
             tmp_mb=limits.memory_mb,
-            extra_ro=extra_ro,
+            extra_ro={**env_mounts, **extra_ro},
             extra_rw=extra_rw,
             as_root=os.geteuid() == 0,
             tmp_dir=episode.tmp if episode is not None else None,
             overlay=episode.overlay() if episode is not None else (),
+            workdir=environment.workdir if environment is not None else WORKSPACE,
+            network=network,
         )
         overhead = OVERHEAD_PROCS + (episode is not None)  # the shim waits beside a warm run
         cgroup = create_cgroup(limits, overhead, self.use_cgroups)

@@ -22,15 +22,15 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from flywheel.protocols import Limits, RunResult
+from flywheel.protocols import WORKSPACE, Environment, Limits, RunResult
 from flywheel.sandbox.cgroups import create_cgroup
 from flywheel.sandbox.common import SandboxError, check_request
 from flywheel.sandbox.disk import DiskBudget
+from flywheel.sandbox.envs import command_setup
 from flywheel.sandbox.layout import base_env, host_layout
 from flywheel.sandbox.limits import launcher, rlimits
 from flywheel.sandbox.supervise import run_supervised
 
-WORKSPACE = "/workspace"
 MB = 1024 * 1024
 
 
@@ -82,16 +82,24 @@ class FallbackSandbox:
         env: Mapping[str, str] | None = None,
         extra_ro: Mapping[Path, Path] | None = None,
         extra_rw: Mapping[Path, Path] | None = None,
+        environment: Environment | None = None,
+        network: bool = False,
     ) -> RunResult:
+        """`Sandbox.run`; `network=True` is the build mode of `envs.py` (no `unshare -n`)."""
         limits = limits or Limits()
         workspace = check_request(workspace, argv, extra_ro, extra_rw)
         if (workspace / ".git").exists() or (workspace / ".git").is_symlink():
             raise SandboxError(f"{workspace}: workspace holds .git, which the fallback sandbox cannot hide")
-        mapping = path_mapping(workspace, {**(extra_ro or {}), **(extra_rw or {})})
-        cmd = [*unshare_net(), *(rewrite(a, mapping) for a in argv)]
+        if environment is not None and environment.workdir != WORKSPACE:
+            raise SandboxError(
+                f"the fallback sandbox cannot show the workspace at {environment.workdir} (only at {WORKSPACE})"
+            )
+        env_mounts, env_vars = command_setup(environment, host_layout().path)
+        mapping = path_mapping(workspace, {**env_mounts, **(extra_ro or {}), **(extra_rw or {})})
+        cmd = [*([] if network else unshare_net()), *(rewrite(a, mapping) for a in argv)]
         cgroup = create_cgroup(limits, 0, self.use_cgroups)
         with tempfile.TemporaryDirectory(prefix="flywheel-sandbox-home-", ignore_cleanup_errors=True) as home:
-            user_env = {k: rewrite(v, mapping) for k, v in (env or {}).items()}
+            user_env = {k: rewrite(v, mapping) for k, v in {**env_vars, **(env or {})}.items()}
             full_env = {**base_env(host_layout().path, home), **user_env}
             try:
                 full = launcher(cmd, cgroup, rlimits(limits, cgroup))

@@ -43,7 +43,9 @@ ETC_FILES = (
     "os-release",
     "passwd",
     "protocols",
+    "resolv.conf",  # for an environment build, the one sandbox with network (no use without it)
     "services",
+    "ssl/certs",  # public certificates (for the same builds); not /etc/ssl/private
     "timezone",
 )
 _lock = threading.Lock()

@@ -7,6 +7,10 @@
 <task>/solution.patch the reference fix, a unified diff against repo/
 ```
 
+An optional `[environment]` table says what the repository needs in the sandbox (`Environment`):
+`requirements` (pip requirement strings), `python` (a version this host has), `env` (variables) and
+`workdir` (where the repository appears inside the sandbox, default /workspace).
+
 The loader validates every field and refuses a broken task with one `TaskError` that names the file
 and the field. The writer builds a task in a temporary sibling directory and renames it into place, so a
 reader never sees half a task.
@@ -15,18 +19,31 @@ reader never sees half a task.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 from flywheel.errors import TaskError
 from flywheel.files import building
+from flywheel.protocols import WORKSPACE, Environment
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-_FIELDS = {"id", "instruction", "test_command", "fail_to_pass", "pass_to_pass", "timeout_s", "meta"}
+_FIELDS = {
+    "id", "instruction", "test_command", "fail_to_pass", "pass_to_pass", "timeout_s", "meta", "environment",
+}  # fmt: skip
+_ENV_FIELDS = {"requirements", "python", "env", "workdir"}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PYTHON = re.compile(r"^3\.\d+(\.\d+)?$")
+# where a workdir may not be: the host's system and runtime, and the sandbox's own mount points
+_SYSTEM = ("/proc", "/sys", "/dev", "/tmp", "/usr", "/bin", "/sbin", "/etc", "/run", "/opt/flywheel")
+_OURS = ("/grader", "/report", "/synth")
 
 
 @dataclass(frozen=True)
@@ -41,6 +58,7 @@ class Task:
     timeout_s: float
     root: Path
     meta: Mapping[str, Any] = field(default_factory=dict)
+    environment: Environment = Environment()  # what the repository needs in the sandbox
 
     @property
     def repo(self) -> Path:
@@ -87,6 +105,7 @@ def load_task(root: Path | str) -> Task:
         timeout_s=_positive(data, "timeout_s", toml_path),
         root=root,
         meta=_meta(data, toml_path),
+        environment=parse_environment(data.get("environment", {}), f"{toml_path}: [environment]"),
     )
     if not _ID.match(task.id):
         raise TaskError(f"{toml_path}: field 'id' must be letters, digits, '_', '-', '.': {task.id!r}")
@@ -149,6 +168,84 @@ def _meta(data: Mapping[str, Any], path: Path) -> dict[str, Any]:
     return value
 
 
+def parse_environment(value: Any, where: str) -> Environment:
+    """An `[environment]` table as an `Environment`; `TaskError` naming `where` and the field otherwise."""
+    if not isinstance(value, dict):
+        raise TaskError(f"{where} must be a table")
+    unknown = sorted(set(value) - _ENV_FIELDS)
+    if unknown:
+        raise TaskError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(_ENV_FIELDS))})")
+    reqs = value.get("requirements", [])
+    if not isinstance(reqs, list) or not all(isinstance(r, str) for r in reqs):
+        raise TaskError(f"{where}: 'requirements' must be a list of pip requirement strings")
+    for r in reqs:
+        check_requirement(r, where)
+    python = value.get("python")
+    if python is not None and (not isinstance(python, str) or not _PYTHON.match(python)):
+        raise TaskError(f"{where}: 'python' must be a version such as \"3.12\", not {python!r}")
+    env = value.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise TaskError(f"{where}: 'env' must be a table of strings")
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise TaskError(f"{where}: 'env' has {name!r}, not a variable name")
+        if name == "PATH" or name.startswith("FLYWHEEL_"):
+            raise TaskError(f"{where}: 'env' may not set {name} (the sandbox owns it)")
+    workdir = value.get("workdir", WORKSPACE)
+    if not isinstance(workdir, str):
+        raise TaskError(f"{where}: 'workdir' must be an absolute path")
+    check_workdir(workdir, where)
+    return Environment(
+        requirements=tuple(r.strip() for r in reqs),
+        python=python,
+        env=tuple(sorted(env.items())),
+        workdir=workdir,
+    )
+
+
+def check_requirement(text: str, where: str) -> None:
+    """Refuse a requirement string pip cannot parse, in one line naming it."""
+    try:
+        Requirement(text)
+    except InvalidRequirement as e:
+        reason = str(e).splitlines()[0]
+        raise TaskError(f"{where}: requirement {text!r} cannot be parsed ({reason})") from None
+
+
+def check_workdir(workdir: str, where: str) -> None:
+    """Refuse a workdir that is relative, `/`, or on (or above) a path the sandbox needs for itself."""
+    if not workdir.startswith("/") or posixpath.normpath(workdir) != workdir.rstrip("/") or workdir == "/":
+        raise TaskError(f"{where}: 'workdir' must be an absolute, normalised path below /, not {workdir!r}")
+    runtime = list(dict.fromkeys((sys.prefix, sys.base_prefix)))
+    for reserved in (*_SYSTEM, *_OURS, *runtime):
+        if _overlaps(workdir.rstrip("/"), reserved):
+            raise TaskError(f"{where}: 'workdir' {workdir} overlaps {reserved}, which the sandbox needs")
+    if re.match(r"^/lib[^/]*(/|$)", workdir):
+        raise TaskError(f"{where}: 'workdir' {workdir} overlaps the system's /lib* directories")
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """Whether one of two absolute paths is the other or lies under it."""
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+def environment_toml(environment: Environment, table: str = "environment") -> str:
+    """`environment` as a TOML table named `table` ("" when it is the default)."""
+    if environment == Environment():
+        return ""
+    lines = [f"[{table}]"]
+    if environment.requirements:
+        lines.append(f"requirements = {_toml_value(list(environment.requirements))}")
+    if environment.python is not None:
+        lines.append(f"python = {_toml_value(environment.python)}")
+    if environment.workdir != WORKSPACE:
+        lines.append(f"workdir = {_toml_value(environment.workdir)}")
+    if environment.env:
+        pairs = ", ".join(f"{name} = {_toml_value(value)}" for name, value in environment.env)
+        lines.append(f"env = {{ {pairs} }}")
+    return "\n".join(lines) + "\n"
+
+
 # --------------------------------------------------------------------------------------------- writing
 
 
@@ -173,6 +270,7 @@ def task_toml(
     pass_to_pass: list[str] | tuple[str, ...],
     timeout_s: float,
     meta: Mapping[str, Any] | None = None,
+    environment: Environment | None = None,
 ) -> str:
     """Render a task.toml (meta values must be scalars or lists of scalars)."""
     fields = {
@@ -186,7 +284,9 @@ def task_toml(
     lines = [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
     if meta:
         lines += ["", "[meta]"] + [f"{k} = {_toml_value(v)}" for k, v in meta.items()]
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    env_table = environment_toml(environment or Environment())
+    return text + ("\n" + env_table if env_table else "")
 
 
 def write_task(

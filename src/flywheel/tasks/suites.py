@@ -9,13 +9,12 @@ suites are generated deterministically and materialised once under the cache dir
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from flywheel.errors import FlywheelError, TaskError
-from flywheel.files import building
+from flywheel.files import building, cache_dir
 from flywheel.registry import load
 from flywheel.tasks.format import Task, load_task
 
@@ -37,13 +36,6 @@ class Builtin:
 
 def builtin_suites() -> list[str]:
     return sorted(SUITES)
-
-
-def cache_dir() -> Path:
-    if os.environ.get("FLYWHEEL_CACHE"):
-        return Path(os.environ["FLYWHEEL_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "flywheel"
 
 
 def materialise(name: str, seed: int = DEFAULT_SEED) -> Path:

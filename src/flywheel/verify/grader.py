@@ -8,7 +8,10 @@
 3. runs the tests in the sandbox through the grader's own runner (`runner.py`), with pytest's
    configuration taken from the grader's ini file, not from the workspace (`pytest.ini`, `tox.ini`,
    `setup.cfg` and `pyproject.toml` sections written by the agent have no effect), and `python -I`, so
-   `sitecustomize`, `.pth` files and `PYTHONPATH` in the workspace are not loaded;
+   `sitecustomize`, `.pth` files and `PYTHONPATH` in the workspace are not loaded. A task with an
+   environment is run by its environment's interpreter, at its `workdir`, with the pytest plugins its
+   requirements installed (the environment is read-only and built from the task's requirements alone:
+   the agent cannot add to it, and the runner puts the workspace on `sys.path` only after plugins load);
 4. reads each test's outcome from the runner's signed report, never from stdout, and decides: success
    only when every fail_to_pass and every pass_to_pass test passed. Skipped, xfailed, errored, missing or
    not-collected tests count as failed, and so does a run whose exit code disagrees with the report.
@@ -40,7 +43,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from flywheel.protocols import Grader, Limits, Sandbox, Verdict
+from flywheel.protocols import Environment, Grader, Limits, Sandbox, Verdict
+from flywheel.sandbox.envs import ENV_AT
 from flywheel.tasks.format import Task
 from flywheel.verify.exploits import detect
 
@@ -141,14 +145,15 @@ def grade(
         (grader_dir / "pytest.ini").write_text(PYTEST_INI)
         key = secrets.token_hex(32).encode()
         (report_dir / "key").write_bytes(key)
+        environment = task.environment
         argv = [
-            sandbox_python(),
+            sandbox_python(environment),
             "-I",
             "/grader/runner.py",
             "-c",
             "/grader/pytest.ini",
             "--rootdir",
-            "/workspace",
+            environment.workdir,
         ]
         result = sandbox.run(
             ws,
@@ -157,6 +162,7 @@ def grade(
             env={"FLYWHEEL_REPORT_DIR": "/report"},
             extra_ro={grader_dir: Path("/grader")},
             extra_rw={report_dir: Path("/report")},
+            environment=environment,
         )
         outcomes, error = read_report(report_dir, key, result.exit_code)
     finally:
@@ -180,8 +186,11 @@ def grade(
     )
 
 
-def sandbox_python() -> str:
-    """The interpreter the sandbox runs tests with: this one (its runtime is mounted read-only)."""
+def sandbox_python(environment: Environment | None = None) -> str:
+    """The interpreter the sandbox runs a task's tests with: its built environment's, else this one (its
+    runtime is mounted read-only)."""
+    if environment is not None and environment.built:
+        return f"{ENV_AT}/bin/python"
     return os.environ.get("FLYWHEEL_PYTHON", sys.executable)
 
 

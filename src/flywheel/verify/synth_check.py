@@ -18,7 +18,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from flywheel.protocols import Limits, Sandbox
+from flywheel.protocols import Environment, Limits, Sandbox
 from flywheel.sandbox.workspaces import temporary_workspace
 from flywheel.tasks.synth import SuiteRun, SuiteRunner
 from flywheel.verify.grader import PYTEST_INI, sandbox_python
@@ -61,8 +61,17 @@ sys.exit(code)
 """
 
 
-def run_suite(workspace: Path, paths: Sequence[str], *, sandbox: Sandbox, timeout_s: float) -> SuiteRun:
-    """Run pytest on `paths` (empty: the whole project) in the sandbox; outcomes and failure messages."""
+def run_suite(
+    workspace: Path,
+    paths: Sequence[str],
+    *,
+    sandbox: Sandbox,
+    timeout_s: float,
+    environment: Environment | None = None,
+) -> SuiteRun:
+    """Run pytest on `paths` (empty: the whole project) in the sandbox, in the project's `environment`
+    (default: the project's own Python at /workspace); outcomes and failure messages."""
+    environment = environment or Environment()
     with temporary_workspace("synth-run-") as tmp:
         driver_dir, report_dir = tmp / "driver", tmp / "report"
         driver_dir.mkdir()
@@ -70,13 +79,13 @@ def run_suite(workspace: Path, paths: Sequence[str], *, sandbox: Sandbox, timeou
         (driver_dir / "driver.py").write_text(_DRIVER)
         (driver_dir / "pytest.ini").write_text(PYTEST_INI)
         argv = [
-            sandbox_python(),
+            sandbox_python(environment),
             "-I",
             "/synth/driver.py",
             "-c",
             "/synth/pytest.ini",
             "--rootdir",
-            "/workspace",
+            environment.workdir,
             "--tb=no",
             "--continue-on-collection-errors",
             *paths,
@@ -88,6 +97,7 @@ def run_suite(workspace: Path, paths: Sequence[str], *, sandbox: Sandbox, timeou
             env={"SYNTH_REPORT_DIR": "/report"},
             extra_ro={driver_dir: Path("/synth")},
             extra_rw={report_dir: Path("/report")},
+            environment=environment,
         )
         data, error = _read_driver_report(report_dir / "report.json", result.exit_code)
     outcomes = data.get("outcomes", {})
@@ -110,10 +120,11 @@ def _read_driver_report(path: Path, exit_code: int) -> tuple[dict, str | None]:
     return data, None
 
 
-def suite_runner(sandbox: Sandbox) -> SuiteRunner:
-    """`run_suite` on `sandbox`, as `synthesize` calls it: (workspace, paths, timeout_s) -> SuiteRun."""
+def suite_runner(sandbox: Sandbox, environment: Environment | None = None) -> SuiteRunner:
+    """`run_suite` on `sandbox` in `environment`, as `synthesize` calls it: (workspace, paths, timeout_s)
+    -> SuiteRun."""
 
     def run(workspace: Path, paths: Sequence[str], timeout_s: float) -> SuiteRun:
-        return run_suite(workspace, paths, sandbox=sandbox, timeout_s=timeout_s)
+        return run_suite(workspace, paths, sandbox=sandbox, timeout_s=timeout_s, environment=environment)
 
     return run
