@@ -90,3 +90,24 @@ def one_step_run(base: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("train") / "run"
     train(cfg, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def _offline_env_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from local_wheels import standard_wheels
+
+    base = tmp_path_factory.mktemp("offline-envs")
+    return standard_wheels(base / "wheels"), base / "cache"
+
+
+@pytest.fixture
+def offline_envs(_offline_env_dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Environment builds from the tests' own wheels (no package index), in one cache for the session;
+    returns the wheel directory (`local_wheels.make_wheel` may add to it)."""
+    wheels, cache = _offline_env_dirs
+    monkeypatch.setenv("UV_NO_INDEX", "1")
+    monkeypatch.setenv("UV_FIND_LINKS", str(wheels))
+    monkeypatch.setenv("FLYWHEEL_ENV_CACHE", str(cache))
+    for name in ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_EXTRA_INDEX_URL", "UV_INDEX", "PIP_INDEX_URL"):
+        monkeypatch.delenv(name, raising=False)
+    return wheels

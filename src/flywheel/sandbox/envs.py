@@ -3,7 +3,7 @@
 `ensure(environment, label=...)` returns the built environment for a task's `Environment` (None when it
 needs none: the project's own Python serves), building it on first use:
 
-- **Where.** `cache_dir()/envs/<digest>/`, the digest taken over the requirements, the interpreter's
+- **Where.** `cache_dir()/envs/<digest>/` (`$FLYWHEEL_ENV_CACHE` moves it), the digest taken over the requirements, the interpreter's
   real path and version, and this builder's format. The environment is made with `uv venv
   --relocatable`, so it works at any path: inside the sandbox it is mounted read-only at `ENV_AT`, with
   its `bin` first on PATH (`mounts`); the fallback backend uses it where it lies.
@@ -97,7 +97,8 @@ class BuiltEnv:
 
 
 def env_root() -> Path:
-    return cache_dir() / "envs"
+    """Where environments are built: `$FLYWHEEL_ENV_CACHE`, else `cache_dir()/envs`."""
+    return Path(os.environ.get("FLYWHEEL_ENV_CACHE") or cache_dir() / "envs")
 
 
 def visible(path: Path) -> bool:
