@@ -79,11 +79,13 @@ def validate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with every task's result."),
 ) -> None:
     """Verifier QA: the reference passes k times, the unmodified repository and wrong patches fail."""
+    from flywheel.sandbox.envs import ensure_all
     from flywheel.tasks import load_suite
     from flywheel.verify.qa import summarize
 
     tasks = load_suite(suite, split=split)
     tasks = tasks[:limit] if limit else tasks
+    ensure_all((t.id, t.environment) for t in tasks)
     results = _validate_all(tasks, jobs, k=k, n_mutants=mutants, seed=seed, strict=strict)
     summary = summarize(results)
     if as_json:

@@ -59,6 +59,7 @@ from flywheel.harness.tools import ToolResult, Tools
 from flywheel.protocols import Completion, Grader, Model, Request, Sandbox, Verdict
 from flywheel.record import Trajectory
 from flywheel.sandbox import get_sandbox
+from flywheel.sandbox.envs import ensure_all
 from flywheel.sandbox.workspaces import new_workspace
 from flywheel.seeding import stable_seed
 from flywheel.tasks.format import Task
@@ -621,6 +622,7 @@ def run_episodes(
     check_config(cfg)  # a config changed after it was made is checked again
     sandbox = sandbox or get_sandbox()
     grader = grader or default_grader(sandbox)
+    ensure_all((s.task.id, s.task.environment) for s in specs)  # task environments, built before episodes
     action_format = _fmt(model, cfg)
     n = max(1, cfg.cohorts)
     base, extra = divmod(min(concurrency, len(specs)), n)

@@ -52,6 +52,7 @@ from flywheel.loop.dispatch import Dispatcher, WorkItem, round_items, split_fres
 from flywheel.loop.pool import START_WAIT_S, PoolSpec
 from flywheel.protocols import LoopBackend
 from flywheel.record import Trajectory, append_trajectories, read_jsonl, read_trajectories
+from flywheel.sandbox.envs import ensure_all
 from flywheel.tasks.format import Task
 
 EventHook = Callable[[dict[str, Any]], None]
@@ -422,6 +423,7 @@ def run(
     tasks = list(tasks)
     if not tasks:
         raise FlywheelError("loop: no tasks to run")
+    ensure_all((t.id, t.environment) for t in tasks)  # before any pool starts: a failure names its task
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     inline = cfg.backend == "inline"

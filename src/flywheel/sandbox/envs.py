@@ -45,7 +45,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -392,3 +392,22 @@ def command_setup(environment: Environment | None, path: str) -> tuple[dict[Path
         mounts = built.mounts()
         env = {"PATH": f"{ENV_AT}/bin:{path}", "VIRTUAL_ENV": ENV_AT, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": ""}
     return mounts, {**env, **dict(environment.env)}
+
+
+def ensure_all(
+    labelled: Iterable[tuple[str, Environment]],
+    *,
+    sandbox: str | None = None,
+    on_build: Callable[[str], None] | None = None,
+) -> int:
+    """Build every distinct environment of (label, environment) pairs that is not built yet, before work
+    that needs them starts (so a failure names its task up front, and no episode waits on a build);
+    returns how many distinct environments there are. `on_build` defaults to a line on stderr."""
+    first: dict[Environment, str] = {}
+    for label, environment in labelled:
+        if environment.built:
+            first.setdefault(environment, label)
+    say = on_build or (lambda message: print(message, file=sys.stderr, flush=True))
+    for environment, label in first.items():
+        ensure(environment, label=label, sandbox=sandbox, on_build=say)
+    return len(first)
