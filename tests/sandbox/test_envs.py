@@ -231,7 +231,9 @@ def test_the_agents_tools_work_in_the_tasks_environment(offline_envs, tmp_path):
     ws = _workspace(task, tmp_path, {})
     tools = Tools(task, ws, sandbox=get_sandbox(), warm_pytest=True)
     try:
-        shell = tools.execute(Action("shell", {"command": "pwd; echo $APP_MODE; python -c 'import greetlib'"}))
+        shell = tools.execute(
+            Action("shell", {"command": "pwd; echo $APP_MODE; python -c 'import greetlib'"})
+        )
         assert shell.text.splitlines() == ["exit code 0", "/app", "test"]
         tests = tools.execute(Action("run_tests", {}))
         assert "exit code 0" in tests.text and "1 passed" in tests.text
@@ -242,3 +244,14 @@ def test_the_agents_tools_work_in_the_tasks_environment(offline_envs, tmp_path):
         assert not outside.ok
     finally:
         tools.close()
+
+
+def test_only_the_build_mode_keeps_the_network(tmp_path):
+    """`network=True` (environment builds) sees the host's interfaces; every other command only loopback."""
+    code = "import socket; print(sorted(n for _, n in socket.if_nameindex()))"
+    host = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
+    ws = _ws(tmp_path)
+    closed = get_sandbox().run(ws, ["python", "-c", code])
+    build = get_sandbox().run(ws, ["python", "-c", code], network=True)
+    assert closed.output.strip() == "['lo']"
+    assert build.output.strip() == host

@@ -1,8 +1,8 @@
 """The sandbox every agent command and every grading run executes in.
 
 `get_sandbox()` returns a `Sandbox` (see `flywheel.protocols`): `run(workspace, argv, limits=..., env=...,
-extra_ro=..., extra_rw=...)` runs one command with the workspace read-write at `/workspace` (its working
-directory) and returns a `RunResult` once every process it started is gone. Backends, by name:
+extra_ro=..., extra_rw=..., environment=...)` runs one command with the workspace read-write at `/workspace`
+(its working directory; a task environment's `workdir` moves it) and returns a `RunResult` once every process it started is gone. Backends, by name:
 
 - `bwrap` (the default wherever bubblewrap can create namespaces; probed once per process): a fresh mount,
   pid, network, ipc and uts namespace per command (`bwrap.py`).
@@ -16,9 +16,9 @@ otherwise (`limits.py`); the workspace's total size is measured by the superviso
 
 What is covered (each property has its own adversarial test in tests/sandbox/):
 
-- No network: the command has its own network namespace with only loopback (bwrap; the fallback's under
-  `unshare -n` has not even that up), so servers on the host's 127.0.0.1 are unreachable, no external
-  interface exists, DNS and outbound connections fail.
+- No network: the command has its own network namespace (but for environment builds, above) with only
+  loopback (bwrap; the fallback's under `unshare -n` has not even that up), so servers on the host's
+  127.0.0.1 are unreachable, no external interface exists, DNS and outbound connections fail.
 - Read-only host, nothing private visible (bwrap): /usr, /bin, /lib*, an /etc subset and the Python
   runtime (`sys.prefix`, `sys.base_prefix`, at their own paths) are mounted read-only, and nothing else
   of the host: no home directories beyond the runtime's own path, no other workspaces, a fresh private
@@ -39,6 +39,12 @@ What is covered (each property has its own adversarial test in tests/sandbox/):
   file by an unreadable node (bwrap; the fallback refuses such a workspace), and the host's repositories
   are not mounted.
 - No privileges: capabilities dropped and no_new_privs set, so root inside cannot remount or escape.
+
+A task's environment (`run(..., environment=...)`, from task.toml's `[environment]`; `envs.py`) adds a
+virtual environment built for its requirements, mounted read-only at /opt/flywheel/env with its `bin`
+first on PATH, its variables, and the workspace bound at its `workdir` (the working directory) instead of
+/workspace. Builds run in the sandbox too, in the one mode that keeps the network (`network=True`), with the
+new environment and uv's cache as the only writable mounts.
 
 An episode's commands (the harness's `shell` and `run_tests`) run through `warm.EpisodeSandbox`: each still
 in a sandbox of its own as above, but `python -m pytest` and `pytest` are forked from a warm parent that
