@@ -255,3 +255,14 @@ def test_only_the_build_mode_keeps_the_network(tmp_path):
     build = get_sandbox().run(ws, ["python", "-c", code], network=True)
     assert closed.output.strip() == "['lo']"
     assert build.output.strip() == host
+
+
+def test_the_scripted_oracle_solves_a_task_in_its_environment(offline_envs, tmp_path):
+    """An evaluation end to end: the environment built before the episode, the agent's edits and tests
+    at /app, graded there with the environment's interpreter and plugin."""
+    from flywheel.eval import run_eval
+    from flywheel.models.scripted import ScriptedModel
+
+    task = load_task(_env_task(tmp_path / "task").root)
+    summary = run_eval([task], ScriptedModel(), tmp_path / "run")
+    assert summary["success_rate"] == 1.0, summary
