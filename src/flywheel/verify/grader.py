@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from flywheel.protocols import Environment, Grader, Limits, Sandbox, Verdict
-from flywheel.sandbox.envs import ENV_AT
+from flywheel.sandbox.envs import ENV_AT, ensure
 from flywheel.tasks.format import Task
 from flywheel.verify.exploits import detect
 
@@ -134,6 +134,7 @@ def grade(
 
     start = time.perf_counter()
     sandbox = sandbox or get_sandbox()
+    ensure(task.environment, label=task.id)  # built already, as a rule; a failure names the task
     signatures = detector(task, Path(workspace)) if detector else []
     root = new_workspace("grade-")
     try:
