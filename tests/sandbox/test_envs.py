@@ -266,3 +266,14 @@ def test_the_scripted_oracle_solves_a_task_in_its_environment(offline_envs, tmp_
     task = load_task(_env_task(tmp_path / "task").root)
     summary = run_eval([task], ScriptedModel(), tmp_path / "run")
     assert summary["success_rate"] == 1.0, summary
+
+
+@pytest.mark.slow
+def test_an_environment_builds_from_the_package_registry(tmp_path, monkeypatch):
+    """The one test that uses the network: a pinned package from the registry, then used offline."""
+    monkeypatch.setenv("FLYWHEEL_ENV_CACHE", str(tmp_path / "envs"))
+    env = Environment(requirements=("six==1.16.0",))
+    built = ensure(env, label="registry")
+    assert built is not None and "six==1.16.0" in (built.path / "flywheel-env.json").read_text()
+    code = "import six; print(six.__version__)"
+    assert get_sandbox().run(_ws(tmp_path), ["python", "-c", code], environment=env).output.strip() == "1.16.0"
