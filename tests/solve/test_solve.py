@@ -13,6 +13,7 @@ from flywheel.models import MODELS
 from flywheel.protocols import Completion
 from flywheel.record import read_trajectories
 from flywheel.solve import find_test_command, snapshot
+from local_wheels import make_wheel
 
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
@@ -200,3 +201,111 @@ def test_the_snapshot_leaves_history_caches_and_environments_behind(repo, tmp_pa
     snapshot(repo, tmp_path / "copy")
     kept = sorted(p.relative_to(tmp_path / "copy").as_posix() for p in (tmp_path / "copy").rglob("*"))
     assert kept == ["calc.py", "tests", "tests/test_calc.py"]
+
+
+# ------------------------------------------------------------------------------------------ environments
+
+SHOUT = "import greetlib\n\n\ndef shout(name):\n    return greetlib.greet(name)\n"
+SHOUT_TEST = "from shout import shout\n\n\ndef test_shout():\n    assert shout('x') == 'HELLO X'\n"
+SHOUT_FIX = (
+    '<edit path="shout.py">\n<old>\n    return greetlib.greet(name)\n</old>\n'
+    "<new>\n    return greetlib.greet(name).upper()\n</new>\n</edit>"
+)
+SHOUT_PLAN = [SHOUT_FIX, "<run_tests/>", "<submit/>"]
+
+
+@pytest.fixture
+def needy(tmp_path, offline_envs):
+    """A repository whose code and tests need greetlib (not installed here), declared in its pyproject.toml,
+    and a test helper (a wheel no other test installs) declared in requirements-dev.txt."""
+    make_wheel(offline_envs, "solvetools", "1.0", {"solvetools.py": "READY = True\n"})
+    root = tmp_path / "needy"
+    (root / "tests").mkdir(parents=True)
+    (root / "shout.py").write_text(SHOUT)
+    (root / "tests" / "test_shout.py").write_text(SHOUT_TEST)
+    (root / "pyproject.toml").write_text('[project]\nname = "shout"\ndependencies = ["greetlib==1.0"]\n')
+    (root / "requirements-dev.txt").write_text("shout  # the project itself\nsolvetools==1.0\n")
+    return root
+
+
+def test_the_repository_runs_in_the_environment_it_declares(needy, tmp_path, use_model, capsys):
+    out = tmp_path / "run"
+    spec = use_model("shout", PlanModel(SHOUT_PLAN))
+    assert solve("--repo", needy, "--model", spec, "--out", out, "make shout loud") == 0
+    captured = capsys.readouterr()
+    assert "+    return greetlib.greet(name).upper()" in captured.out
+    building = [ln for ln in captured.err.splitlines() if "building the environment" in ln]
+    assert len(building) == 1 and "greetlib==1.0, solvetools==1.0" in building[0], captured.err
+    assert "solve: environment: greetlib==1.0, solvetools==1.0" in captured.err
+    assert "tests: python -m pytest -q: passed" in captured.err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["environment"] == {"requirements": ["greetlib==1.0", "solvetools==1.0"], "python": None}
+    assert "1 passed" in summary["tests"]["agent_last"] and summary["tests"]["last_run"]["passed"] is True
+    # a second run reuses the environment: no build
+    assert solve("--repo", needy, "--model", spec, "make shout loud") == 0
+    captured = capsys.readouterr()
+    assert "building the environment" not in captured.err and "python -m pytest -q: passed" in captured.err
+
+
+def test_without_the_environment_the_tests_cannot_import(needy, tmp_path, use_model, capsys):
+    out = tmp_path / "run"
+    spec = use_model("shout", PlanModel(SHOUT_PLAN))
+    assert solve("--repo", needy, "--model", spec, "--no-env", "--out", out, "make shout loud") == 0
+    captured = capsys.readouterr()
+    assert "building the environment" not in captured.err
+    assert "solve: environment: the project's own Python" in captured.err
+    assert "tests: python -m pytest -q: failed" in captured.err
+    summary = json.loads((out / "summary.json").read_text())
+    assert "No module named 'greetlib'" in summary["tests"]["agent_last"]
+    assert summary["environment"]["requirements"] == []
+
+
+def test_a_requirements_file_adds_to_the_environment(needy, tmp_path, use_model, capsys):
+    (needy / "pyproject.toml").unlink()
+    (needy / "requirements-dev.txt").unlink()
+    (tmp_path / "extra.txt").write_text("greetlib==2.0\n")
+    plan = ["<shell>python -c 'import greetlib; print(greetlib.greet(\"x\"))'</shell>", "<submit/>"]
+    out = tmp_path / "run"
+    spec = use_model("look", PlanModel(plan))
+    assert (
+        solve(
+            "--repo", needy, "--model", spec, "--requirements", tmp_path / "extra.txt", "--out", out, "look"
+        )
+        == 0
+    )
+    [record] = read_trajectories(out / "trajectories.jsonl")
+    assert "hi x" in next(t["text"] for t in record.turns if t.get("name") == "shell")
+    assert json.loads((out / "summary.json").read_text())["environment"]["requirements"] == ["greetlib==2.0"]
+
+
+def test_an_environment_that_does_not_build_stops_before_the_agent(needy, tmp_path, use_model, capsys):
+    (needy / "requirements.txt").write_text("nosuchpackage==9.9\n")
+    out = tmp_path / "run"
+    spec = use_model("shout", PlanModel(SHOUT_PLAN))
+    assert solve("--repo", needy, "--model", spec, "--out", out, "make shout loud") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "building the environment" in err[0] and len(err) == 2, err
+    assert (
+        err[-1].startswith("flywheel: error: ") and "nosuchpackage" in err[-1] and "Traceback" not in err[-1]
+    )
+    assert not out.exists() and (needy / "shout.py").read_text() == SHOUT
+
+
+@pytest.mark.parametrize(
+    "files,args,fragment",
+    [
+        ({"requirements.txt": "greetlib==\n"}, [], "requirements.txt line 1: requirement 'greetlib=='"),
+        ({"pyproject.toml": "[project\n"}, [], "pyproject.toml: not valid TOML"),
+        ({}, ["--requirements", "{tmp}/missing.txt"], "--requirements {tmp}/missing.txt: no such file"),
+        ({}, ["--no-env", "--requirements", "{tmp}/r.txt"], "which --no-env turns off"),
+        ({}, ["--requirements", "{tmp}/r.txt"], "r.txt line 2: requirement '!!'"),
+    ],
+)
+def test_a_bad_environment_is_one_line_and_exit_2(needy, tmp_path, use_model, capsys, files, args, fragment):
+    for rel, text in files.items():
+        (needy / rel).write_text(text)
+    (tmp_path / "r.txt").write_text("greetlib==1.0\n!!\n")
+    spec = use_model("shout", PlanModel(SHOUT_PLAN))
+    code = solve("--repo", needy, "--model", spec, *(a.format(tmp=tmp_path) for a in args), "make shout loud")
+    assert code == 2
+    one_line_error(capsys, fragment.format(tmp=tmp_path))

@@ -1,7 +1,8 @@
 """`flywheel solve`: one attempt at an instruction on a local repository; the diff on stdout.
 
-The work is `flywheel.solve`'s: the agent works on a copy without `.git`, the repository changes only
-with `--apply` and only when the whole patch applies. Progress and the report go to stderr.
+The work is `flywheel.solve`'s: the agent works on a copy without `.git`, in the environment the
+repository declares (built once, then reused; `--no-env`: the project's own Python), and the repository
+changes only with `--apply` and only when the whole patch applies. Progress and the report go to stderr.
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ def solve(
     test_command: str = typer.Option(
         None, "--test-command", help="The tests' command (default: pytest when the repository uses it)."
     ),
+    requirements: Path = typer.Option(
+        None,
+        "--requirements",
+        help="A requirements file whose lines join what the repository declares in its environment.",
+    ),
+    no_env: bool = typer.Option(
+        False,
+        "--no-env",
+        help="Run on flywheel's own Python instead of building the environment the repository declares.",
+    ),
     apply: bool = typer.Option(
         False, "--apply", help="Apply the patch to the repository if all of it applies."
     ),
@@ -46,17 +57,29 @@ def solve(
         "layers:N or a model with its vocabulary. The answers' distribution is the model's own.",
     ),
 ) -> None:
-    """Let MODEL (or a LEAD with its SIDEKICK) work on REPO at INSTRUCTION; print the patch it made."""
+    """Let MODEL (or a LEAD with its SIDEKICK) work on REPO at INSTRUCTION; print the patch it made.
+
+    The agent's commands and the test runs use an environment built (once, then reused) from what REPO
+    declares: pyproject.toml's dependencies and test extras, requirements*.txt, setup.cfg; plus
+    --requirements FILE. --no-env runs them on flywheel's own Python."""
     from flywheel.cli.policy import check_roles, load_policy
     from flywheel.fusion import Fusion
     from flywheel.harness import get_effort
-    from flywheel.solve import apply_to_repo, check_inputs, closing_lines, refuse_scripted, write_outputs
+    from flywheel.solve import (
+        apply_to_repo,
+        check_inputs,
+        closing_lines,
+        refuse_scripted,
+        repo_environment,
+        write_outputs,
+    )
     from flywheel.solve import solve as solve_repo
 
     check_roles(model, lead, sidekick)
     get_effort(effort)
     check_inputs(repo, instruction, out)
     refuse_scripted(model=model, lead=lead, sidekick=sidekick)
+    environment = repo_environment(repo, requirements, use_env=not no_env)
     engine = {"draft": draft} if draft else None
     if draft:
         require_torch(lead or model, "--draft")
@@ -70,6 +93,7 @@ def solve(
         test_command=test_command,
         cfg=cfg,
         runner=runner,
+        environment=environment,
         log=lambda line: typer.echo(line, err=True),
     )
     write_outputs(result, out, patch_out, {"repo": str(repo.resolve()), "instruction": instruction})

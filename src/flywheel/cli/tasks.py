@@ -242,11 +242,18 @@ def import_(
     repos: Path = typer.Option(
         None, "--repos", help="swebench: checkouts as DIR/OWNER__NAME (default: repos/ beside the instances)."
     ),
+    environment: Path = typer.Option(
+        None,
+        "--environment",
+        help="swebench: the instances' requirements: one requirements file for all, or a TOML/JSON mapping "
+        "OWNER__NAME = FILE (relative to it); default: what each repository declares (pyproject.toml, "
+        "requirements*.txt, setup.cfg).",
+    ),
 ) -> None:
     """Read another system's tasks into a suite of ours; refuse, naming it, any task we cannot grade."""
     from flywheel.tasks.interop import import_tasks
 
-    tasks = import_tasks(fmt, src, out, repos=repos)
+    tasks = import_tasks(fmt, src, out, repos=repos, environment=environment)
     typer.echo(f"imported {len(tasks)} tasks from {src} ({fmt}) into {out}")
 
 

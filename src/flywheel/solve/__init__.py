@@ -2,10 +2,12 @@
 
 `solve(repo, instruction, model, ...)` snapshots the repository's working tree into a temporary task
 directory (`snapshot`: without `.git` and without caches and environments, `SKIP`), builds an ad-hoc
-`Task` on it (no hidden tests and no reference fix: `fail_to_pass` and `pass_to_pass` are empty), runs one
-harness episode in a kept workspace, and diffs that workspace against the snapshot. The grader does not
-judge the attempt (there is nothing to judge it against): `test_grader` only runs the test command once
-more on a copy of the final workspace, so the report says where the tests stand. The record is the
+`Task` on it (no hidden tests and no reference fix: `fail_to_pass` and `pass_to_pass` are empty) in the
+repository's environment (`repo_environment`: what it declares, `flywheel.tasks.declared`, plus a
+requirements file; built once by `flywheel.sandbox.envs` and reused), runs one harness episode in a kept
+workspace, and diffs that workspace against the snapshot. The grader does not judge the attempt (there is
+nothing to judge it against): `test_grader` only runs the test command once more, in the same
+environment, on a copy of the final workspace, so the report says where the tests stand. The record is the
 harness's (`flywheel.record.Trajectory`), written with a `summary.json` by `save_run`, which builds the run
 directory beside its destination and renames it into place.
 
@@ -17,12 +19,14 @@ else the project's strict applier (`flywheel.tasks.patch`), which computes every
 
 What is not covered: binary files the agent changed are left out of the diff (`read_tree` reads text
 only); the snapshot holds the repository as it was when the run began, so a repository edited meanwhile
-may refuse the patch (`apply_to_repo` then changes nothing); a test command that needs packages outside
-the sandbox's Python environment fails as it would for the agent.
+may refuse the patch (`apply_to_repo` then changes nothing); a test command that needs packages the
+repository does not declare (nor `--requirements` adds) fails as it would for the agent; the repository
+itself is not installed in its environment (its tests import it from the working directory, as pytest
+run at the top does).
 
-Modules: `inputs` (the snapshot, the test command, the ad-hoc task, and the checks of bad input),
-`attempt` (`solve`, `SolveResult`, `test_grader`), `output` (the run directory, the lines that close a
-run, `apply_to_repo`). `flywheel solve` is the command line over them.
+Modules: `inputs` (the snapshot, the test command, the environment, the ad-hoc task, and the checks of
+bad input), `attempt` (`solve`, `SolveResult`, `test_grader`), `output` (the run directory, the lines that
+close a run, `apply_to_repo`). `flywheel solve` is the command line over them.
 """
 
 from flywheel.solve.attempt import SolveResult, changed_files, solve, test_grader
@@ -32,6 +36,7 @@ from flywheel.solve.inputs import (
     check_inputs,
     find_test_command,
     refuse_scripted,
+    repo_environment,
     snapshot,
     solve_task,
 )
@@ -47,6 +52,7 @@ __all__ = [
     "closing_lines",
     "find_test_command",
     "refuse_scripted",
+    "repo_environment",
     "save_run",
     "snapshot",
     "solve",

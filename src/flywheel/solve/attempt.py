@@ -1,5 +1,7 @@
 """The attempt of `solve`: one harness episode on the snapshot (`solve`), its diff, and where the tests
 stand (`test_grader` runs the test command once more on a copy of the final workspace; it judges nothing).
+The repository's environment is built (or found built) before the agent starts, and the agent's commands
+and the test runs use it.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from typing import Any
 from flywheel.eval import Runner, summarize
 from flywheel.eval.run import rollout
 from flywheel.harness import EpisodeSpec, HarnessConfig, get_effort
-from flywheel.protocols import Grader, Limits, Model, Sandbox, Verdict
+from flywheel.protocols import Environment, Grader, Limits, Model, Sandbox, Verdict
 from flywheel.record import Trajectory
 from flywheel.sandbox import get_sandbox
+from flywheel.sandbox.envs import ensure
 from flywheel.sandbox.workspaces import temporary_workspace
 from flywheel.solve.inputs import SKIP, check_inputs, find_test_command, snapshot, solve_task
 from flywheel.tasks.format import Task
@@ -33,6 +36,7 @@ class SolveResult:
     record: Trajectory
     test_command: str | None  # None: no test command was found or given
     tests: dict[str, Any] = field(default_factory=dict)  # last_run (the final run), agent_runs, agent_last
+    environment: Environment = Environment()  # what the agent's commands and the test runs ran in
 
     def summary(self) -> dict[str, Any]:
         """What summary.json holds: the attempt, its tests, its cost and the files it changed."""
@@ -48,15 +52,22 @@ class SolveResult:
             "files_changed": changed_files(self.patch),
             "test_command": self.test_command,
             "tests": self.tests,
+            "environment": {
+                "requirements": list(self.environment.requirements),
+                "python": self.environment.python,
+            },
             **({"fusion": r.fusion} if r.fusion else {}),
             "eval": summarize([r]),
         }
 
 
-def test_grader(sandbox: Sandbox, test_command: str | None, timeout_s: float) -> Grader:
-    """A grader that judges nothing: it runs the test command once on a copy of the final workspace and
-    reports its result (`Verdict.success`: the command exited 0; `tests`: the command -> passed/failed,
-    `error`: the output's tail). Without a test command, an unsuccessful verdict that says so."""
+def test_grader(
+    sandbox: Sandbox, test_command: str | None, timeout_s: float, environment: Environment | None = None
+) -> Grader:
+    """A grader that judges nothing: it runs the test command once, in `environment`, on a copy of the
+    final workspace and reports its result (`Verdict.success`: the command exited 0; `tests`: the command
+    -> passed/failed, `error`: the output's tail). Without a test command, an unsuccessful verdict that
+    says so."""
 
     def grader(task: Task, workspace: Path, trajectory: dict[str, Any]) -> Verdict:
         if test_command is None:
@@ -65,7 +76,12 @@ def test_grader(sandbox: Sandbox, test_command: str | None, timeout_s: float) ->
         with temporary_workspace("solve-grade-") as tmp:
             copy = tmp / "repo"
             shutil.copytree(workspace, copy, symlinks=True, ignore=shutil.ignore_patterns(*SKIP))
-            r = sandbox.run(copy, ["bash", "-c", test_command], limits=Limits(timeout_s=timeout_s))
+            r = sandbox.run(
+                copy,
+                ["bash", "-c", test_command],
+                limits=Limits(timeout_s=timeout_s),
+                environment=environment,
+            )
         ok = r.exit_code == 0 and not r.timed_out
         return Verdict(
             task.id,
@@ -88,27 +104,40 @@ def solve(
     cfg: HarnessConfig | None = None,
     sandbox: Sandbox | None = None,
     runner: Runner | None = None,
+    environment: Environment = Environment(),
     log: Callable[[str], None] = lambda line: None,
 ) -> SolveResult:
     """One attempt by `model` (or, with `runner`, e.g. Fusion's lead) at `instruction` on a snapshot of
-    `repo`; `repo` is not touched. `test_command` None: `find_test_command`'s guess."""
+    `repo`; `repo` is not touched. `test_command` None: `find_test_command`'s guess. `environment` (see
+    `repo_environment`; default: the project's own Python) is built first if it is not, with a line to
+    `log`; a build that fails is an `EnvironmentBuildError` before the agent starts."""
     repo = Path(repo)
     check_inputs(repo, instruction, None)
     level = get_effort(effort)
     sandbox = sandbox or get_sandbox()
     test_command = test_command or find_test_command(repo)
     cfg = replace(cfg or HarnessConfig(), keep_workspaces=True)
+    ensure(environment, label=str(repo), on_build=lambda message: log(f"solve: {message}"))
     with temporary_workspace("solve-") as tmp:
         snapshot(repo, tmp / "repo")
-        task = solve_task(tmp, instruction, test_command, timeout_s=max(cfg.command_timeout_s, 60.0))
+        timeout_s = max(cfg.command_timeout_s, 60.0)
+        task = solve_task(tmp, instruction, test_command, timeout_s=timeout_s, environment=environment)
         log(f"solve: {len(read_tree(task.repo))} files copied; tests: {test_command or 'none'}")
+        log(f"solve: environment: {_describe(environment)}")
         log(f"solve: {model.name} at effort {effort}")
-        grader = test_grader(sandbox, test_command, task.timeout_s)
+        grader = test_grader(sandbox, test_command, task.timeout_s, environment)
         run = runner or rollout
         [record] = run(model, [EpisodeSpec(task, level)], cfg, concurrency=1, sandbox=sandbox, grader=grader)
         patch = _diff(task.repo, record.workspace)
     record.workspace = None  # deleted with the snapshot
-    return SolveResult(patch, record, test_command, _test_report(record, test_command))
+    return SolveResult(patch, record, test_command, _test_report(record, test_command), environment)
+
+
+def _describe(environment: Environment) -> str:
+    if not environment.built:
+        return "the project's own Python"
+    python = f"python {environment.python}" if environment.python else ""
+    return ", ".join(filter(None, [python, *environment.requirements]))
 
 
 def _diff(before: Path, workspace: str | None) -> str:

@@ -1,6 +1,7 @@
 """The input of `solve`: the repository's snapshot (`snapshot`, without `SKIP`), its test command
-(`find_test_command`), the ad-hoc task on it (`solve_task`), and the checks that refuse bad input in one
-line before anything runs (`check_inputs`, `refuse_scripted`).
+(`find_test_command`), its environment (`repo_environment`: what it declares, plus a requirements file),
+the ad-hoc task on it (`solve_task`), and the checks that refuse bad input in one line before anything
+runs (`check_inputs`, `refuse_scripted`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from pathlib import Path
 
 from flywheel.errors import FlywheelError
 from flywheel.models import SCRIPTED
+from flywheel.protocols import Environment
+from flywheel.tasks.declared import declared_requirements, read_requirements
 from flywheel.tasks.format import Task
 
 # what never reaches the sandbox: history, caches, environments, build output
@@ -72,6 +75,31 @@ def check_inputs(repo: Path, instruction: str, out: Path | None) -> None:
         raise FlywheelError(f"{out} exists: choose another --out")
 
 
+def repo_environment(repo: Path, requirements: Path | None = None, use_env: bool = True) -> Environment:
+    """The environment `solve` runs `repo` in: what the repository declares (`declared_requirements`),
+    then the lines of the requirements file `requirements`; `use_env` False: none (the project's own
+    Python), and then a requirements file is refused. Bad input is one FlywheelError line."""
+    if not use_env:
+        if requirements is not None:
+            raise FlywheelError(
+                "--requirements adds to the repository's environment, which --no-env turns off"
+            )
+        return Environment()
+    try:
+        declared = declared_requirements(repo)
+    except FlywheelError as e:
+        raise FlywheelError(f"{repo}: {e}") from None
+    added: list[str] = []
+    if requirements is not None:
+        if not requirements.is_file():
+            raise FlywheelError(f"--requirements {requirements}: no such file")
+        try:
+            added = read_requirements(requirements)
+        except FlywheelError as e:
+            raise FlywheelError(f"--requirements {requirements}: {e}") from None
+    return Environment(requirements=tuple(dict.fromkeys([*declared, *added])))
+
+
 def refuse_scripted(**specs: str | None) -> None:
     """Refuse a scripted model for any role (`model=`, `lead=`, `sidekick=`, named as `--model` ...): they
     replay a task's reference fix, and a repository has none."""
@@ -88,8 +116,14 @@ def snapshot(repo: Path, dest: Path) -> None:
     shutil.copytree(repo, dest, symlinks=True, ignore=shutil.ignore_patterns(*SKIP))
 
 
-def solve_task(root: Path, instruction: str, test_command: str | None, timeout_s: float = 600.0) -> Task:
-    """The ad-hoc task on the snapshot at `root/repo`: no hidden tests, no reference fix."""
+def solve_task(
+    root: Path,
+    instruction: str,
+    test_command: str | None,
+    timeout_s: float = 600.0,
+    environment: Environment = Environment(),
+) -> Task:
+    """The ad-hoc task on the snapshot at `root/repo`, in `environment`: no hidden tests, no reference fix."""
     return Task(
         id="solve",
         instruction=instruction,
@@ -99,4 +133,5 @@ def solve_task(root: Path, instruction: str, test_command: str | None, timeout_s
         timeout_s=timeout_s,
         root=root,
         meta={"source": "flywheel solve"},
+        environment=environment,
     )

@@ -13,6 +13,7 @@ The rooms:
 - `toy`, `toy.long`, `humaneval`: the built-in suites' generators.
 - `mutate`, `patch`: planting a bug in a function's AST; unified diffs made and applied as pure functions.
 - `synth`: bug synthesis in a real project with its own pytest suite.
+- `declared`: what a repository declares it needs to run its tests (its environment's requirements).
 - `curate`: keeping the tasks a policy solves only sometimes.
 - `interop`: Harbor task directories and SWE-bench instances, in and out.
 """

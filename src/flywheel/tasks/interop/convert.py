@@ -5,7 +5,7 @@ renames it into place at the end, so `out` is absent or complete, never half-wri
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,17 +24,32 @@ def check_format(fmt: str) -> None:
         raise FlywheelError(f"unknown format '{fmt}' (formats: {', '.join(FORMATS)})")
 
 
-def import_tasks(fmt: str, src: Path, out: Path, repos: Path | None = None) -> list[Task]:
-    """Read `src` in format `fmt` and write its tasks as a suite directory `out`; the tasks, loaded."""
+def import_tasks(
+    fmt: str,
+    src: Path,
+    out: Path,
+    repos: Path | None = None,
+    environment: Path | None = None,
+    check_python: Callable[[str], object] | None = None,
+) -> list[Task]:
+    """Read `src` in format `fmt` and write its tasks as a suite directory `out`; the tasks, loaded.
+    SWE-bench: `repos` holds the checkouts, `environment` the requirements (`read_environment_file`).
+    Harbor: `check_python(version)` raises FlywheelError when this host lacks a base image's Python."""
     check_format(fmt)
     src, out = Path(src), Path(out)
     if not src.exists():
         raise FlywheelError(f"{src}: no such file or directory")
     if fmt == "harbor" and repos is not None:
         raise FlywheelError("--repos is for --format swebench")
+    if fmt == "harbor" and environment is not None:
+        raise FlywheelError("--environment is for --format swebench (a Harbor task's Dockerfile says it)")
     seen: set[str] = set()
     with _staged(out) as tmp, tempfile.TemporaryDirectory(prefix="flywheel-import-") as scratch:
-        drafts = _harbor_drafts(src) if fmt == "harbor" else _swebench_drafts(src, repos, Path(scratch))
+        drafts = (
+            _harbor_drafts(src, check_python)
+            if fmt == "harbor"
+            else _swebench_drafts(src, repos, Path(scratch), environment)
+        )
         for label, draft in drafts:
             if draft.id in seen:
                 raise FlywheelError(f"{label}: a second task named {draft.id}")

@@ -1,5 +1,14 @@
 """SWE-bench instances, in and out: `read_instance` turns one (with a checkout of its repository) into
-a draft of ours, `write_swebench` writes ours as `instances.jsonl` with each repository beside it."""
+a draft of ours, `write_swebench` writes ours as `instances.jsonl` with each repository beside it.
+
+An imported instance's environment (task.toml's `[environment]`) runs its repository at `/testbed`,
+where SWE-bench's images keep it, with the requirements of `--environment FILE` (`read_environment_file`:
+one requirements file for every instance, or a TOML/JSON mapping from `OWNER__NAME` to one, relative to
+FILE) or, for an instance FILE does not cover, what its repository declares at `base_commit`
+(`flywheel.tasks.declared`). Its Python is left unset (the project's own version): SWE-bench's `version`
+is the package's version, not Python's, and the table that maps one to the other is SWE-bench's own. An
+exported task carries its environment whole in the `flywheel` field, which an import reads first.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +17,17 @@ import json
 import shutil
 import subprocess
 import tarfile
+import tomllib
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from flywheel.errors import FlywheelError, PatchError
-from flywheel.tasks.format import Task
+from flywheel.protocols import Environment
+from flywheel.tasks.declared import declared_requirements, read_requirements
+from flywheel.tasks.format import Task, parse_environment
 from flywheel.tasks.interop.draft import (
     _SKIP,
     DEFAULT_TEST_COMMAND,
@@ -31,6 +45,7 @@ from flywheel.tasks.interop.draft import (
 from flywheel.tasks.patch import apply_patch, make_patch
 
 INSTANCES = "instances.jsonl"
+WORKDIR = "/testbed"  # where SWE-bench's images hold the repository
 
 _SWEBENCH_TESTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 SWEBENCH_FIELDS = (
@@ -60,23 +75,98 @@ def read_instances(path: Path) -> list[Any]:
     return items
 
 
-def _swebench_drafts(src: Path, repos: Path | None, scratch: Path) -> Iterator[tuple[str, Draft]]:
+@dataclass(frozen=True)
+class EnvironmentFile:
+    """`--environment FILE`: the requirements of every instance, or of each repository it names."""
+
+    path: Path
+    every: tuple[str, ...] | None = None  # one requirements file for all instances
+    by_repo: dict[str, tuple[str, ...]] = field(default_factory=dict)  # OWNER__NAME -> its requirements
+
+    def requirements(self, repo_dir: str) -> tuple[str, ...] | None:
+        """The requirements FILE gives the repository `repo_dir` (OWNER__NAME); None: FILE does not say."""
+        return self.every if self.every is not None else self.by_repo.get(repo_dir)
+
+    def check_repos(self, known: set[str]) -> None:
+        """Refuse a key of the mapping that names none of the instances' repositories."""
+        for key in self.by_repo:
+            if key not in known:
+                have = ", ".join(sorted(known)) or "none"
+                raise FlywheelError(
+                    f"--environment {self.path}: {key} names no repository of the instances ({have})"
+                )
+
+
+def read_environment_file(path: Path) -> EnvironmentFile:
+    """A requirements file (any name but *.toml and *.json), or a TOML/JSON mapping from OWNER__NAME to a
+    requirements file (relative to FILE's directory). One `FlywheelError` line for anything wrong."""
+    path = Path(path)
+    where = f"--environment {path}"
+    if not path.is_file():
+        raise FlywheelError(f"{where}: no such file")
+    try:
+        if path.suffix not in (".toml", ".json"):
+            return EnvironmentFile(path, every=tuple(read_requirements(path)))
+        mapping = _load_mapping(path, where)
+        by_repo = {}
+        for key, rel in mapping.items():
+            if not isinstance(rel, str) or not rel.strip():
+                raise FlywheelError(f"{where}: {key} must name a requirements file")
+            if not (path.parent / rel).is_file():
+                raise FlywheelError(f"{where}: {key}: {rel} is not a file (relative to {path.parent})")
+            by_repo[key] = tuple(read_requirements(path.parent / rel))
+    except FlywheelError as e:
+        raise FlywheelError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
+    return EnvironmentFile(path, by_repo=by_repo)
+
+
+def _load_mapping(path: Path, where: str) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError, UnicodeDecodeError) as e:
+        kind = "TOML" if path.suffix == ".toml" else "JSON"
+        raise FlywheelError(f"{where}: not valid {kind} ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not data:
+        raise FlywheelError(f"{where}: must map OWNER__NAME to a requirements file")
+    return data
+
+
+def _swebench_drafts(
+    src: Path, repos: Path | None, scratch: Path, environment: Path | None = None
+) -> Iterator[tuple[str, Draft]]:
     path = src
     if src.is_dir():
         path = next((src / n for n in (INSTANCES, "instances.json") if (src / n).is_file()), src / INSTANCES)
     repos = Path(repos) if repos is not None else path.parent / "repos"
     if not repos.is_dir():
         raise FlywheelError(f"{repos}: no repository checkouts here; pass --repos DIR (DIR/OWNER__NAME)")
-    for n, inst in enumerate(read_instances(path), 1):
+    env_file = read_environment_file(environment) if environment is not None else None
+    instances = read_instances(path)
+    if env_file is not None:
+        env_file.check_repos(
+            {
+                _repo_dir(i["repo"])
+                for i in instances
+                if isinstance(i, dict) and isinstance(i.get("repo"), str)
+            }
+        )
+    for n, inst in enumerate(instances, 1):
         iid = inst.get("instance_id") if isinstance(inst, dict) else None
         label = f"instance {iid}" if isinstance(iid, str) and iid else f"instance #{n}"
         at = scratch / str(n)
-        yield _labelled(label, lambda inst=inst, at=at: read_instance(inst, repos, at), _SWEBENCH_TESTS)
+        yield _labelled(label, partial(read_instance, inst, repos, at, env_file), _SWEBENCH_TESTS)
         shutil.rmtree(at, ignore_errors=True)
 
 
-def read_instance(inst: Any, repos: Path, scratch: Path) -> Draft:
-    """One SWE-bench instance as a draft of ours; `scratch` is an empty directory for a git checkout."""
+def _repo_dir(repo: str) -> str:
+    """The directory name of a repository's checkout: OWNER__NAME."""
+    return repo.replace("/", "__")
+
+
+def read_instance(inst: Any, repos: Path, scratch: Path, env_file: EnvironmentFile | None = None) -> Draft:
+    """One SWE-bench instance as a draft of ours; `scratch` is an empty directory for a git checkout;
+    `env_file` gives the requirements of the repositories it names (else what each declares)."""
     if not isinstance(inst, dict):
         raise FlywheelError("not a JSON object")
     for key in SWEBENCH_FIELDS:
@@ -89,7 +179,7 @@ def read_instance(inst: Any, repos: Path, scratch: Path) -> Draft:
     ours = inst.get("flywheel", {})
     if not isinstance(ours, dict):
         raise FlywheelError("field 'flywheel' must be an object")
-    root = _checkout(repos / inst["repo"].replace("/", "__"), inst["repo"], inst["base_commit"], scratch)
+    root = _checkout(repos / _repo_dir(inst["repo"]), inst["repo"], inst["base_commit"], scratch)
     repo = _files(root)
     hidden = _test_patch_files(inst["test_patch"], root)
     for rel in _strings(ours, "hidden_files", "field 'flywheel':"):  # hidden files test_patch leaves alone
@@ -109,7 +199,31 @@ def read_instance(inst: Any, repos: Path, scratch: Path) -> Draft:
         repo=repo,
         hidden=hidden,
         patch=inst["patch"],
+        environment=_environment(inst, ours, root, env_file),
     )
+
+
+def _environment(
+    inst: Mapping[str, Any], ours: Mapping[str, Any], root: Path, env_file: EnvironmentFile | None
+) -> Environment:
+    """The instance's environment: ours carried whole when it was exported by us, else /testbed; its
+    requirements from `env_file` when that names them, else carried, else what the repository declares."""
+    carried = "environment" in ours
+    base = (
+        parse_environment(ours["environment"], "field 'flywheel': environment")
+        if carried
+        else Environment(workdir=WORKDIR)
+    )
+    given = env_file.requirements(_repo_dir(inst["repo"])) if env_file is not None else None
+    if given is not None:
+        return replace(base, requirements=given)
+    if carried:
+        return base
+    try:
+        declared = declared_requirements(root)
+    except FlywheelError as e:
+        raise FlywheelError(f"{inst['repo']} at base_commit: {e}") from None
+    return replace(base, requirements=tuple(declared))
 
 
 def _test_list(inst: Mapping[str, Any], key: str) -> list[str]:
@@ -185,7 +299,19 @@ def write_swebench(tasks: Sequence[Task], out: Path) -> None:
                 "timeout_s": task.timeout_s,
                 "meta": dict(task.meta),
                 "hidden_files": task.hidden_files(),
+                "environment": _environment_json(task.environment),
             },
         }
         lines.append(json.dumps(instance, ensure_ascii=False) + "\n")
     (out / INSTANCES).write_text("".join(lines))
+
+
+def _environment_json(environment: Environment) -> dict[str, Any]:
+    """An environment as task.toml's `[environment]` table holds it (what `parse_environment` reads)."""
+    python = {"python": environment.python} if environment.python is not None else {}
+    return {
+        "requirements": list(environment.requirements),
+        "env": dict(environment.env),
+        "workdir": environment.workdir,
+        **python,
+    }
