@@ -86,16 +86,9 @@ def solve(
     policy, cfg = load_policy(lead or model, base_url, seed, temperature, 1.0, 1, action_format, engine)
     runner = Fusion(*load_policy(sidekick, base_url, seed, temperature, 1.0, 1)).rollout if sidekick else None
     result = solve_repo(
-        repo,
-        instruction,
-        policy,
-        effort=effort,
-        test_command=test_command,
-        cfg=cfg,
-        runner=runner,
-        environment=environment,
-        log=lambda line: typer.echo(line, err=True),
-    )
+        repo, instruction, policy, effort=effort, test_command=test_command, cfg=cfg, runner=runner,
+        environment=environment, log=lambda line: typer.echo(line, err=True),
+    )  # fmt: skip
     write_outputs(result, out, patch_out, {"repo": str(repo.resolve()), "instruction": instruction})
     if patch_out is None and result.patch:
         typer.echo(result.patch, nl=False)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.errors import FlywheelError, PatchError
+from flywheel.protocols import Environment
 from flywheel.tasks.format import _ID, Task, load_task, task_toml
 from flywheel.tasks.patch import apply_patch, parse_patch
 
@@ -33,6 +34,7 @@ class Draft:
     repo: dict[str, Path]  # repository path -> the file to copy
     hidden: dict[str, bytes]  # workspace path -> content
     patch: str
+    environment: Environment = Environment()  # task.toml's [environment]
 
 
 def _check(draft: Draft, labels: tuple[str, str]) -> None:
@@ -93,6 +95,7 @@ def _write(draft: Draft, dest: Path) -> Task:
             pass_to_pass=draft.pass_to_pass,
             timeout_s=draft.timeout_s,
             meta=draft.meta,
+            environment=draft.environment,
         )
     except TypeError as e:
         raise FlywheelError(f"meta cannot be written to task.toml ({e})") from None
