@@ -12,6 +12,20 @@ batches (`flywheel.serve.follow`). The version served is in every completion (`p
 `GET /health`, and on stderr at each update. A store that cannot be read at start is refused (exit 2);
 an empty one is waited on (the model's own weights are served, with no version, until the first).
 
+Tool calls: a served model whose chat template defines a call syntax (`flywheel.models.chat_formats`:
+Qwen2.5 and Qwen3's `<tool_call>`, Llama 3.1 and 3.2's JSON, Mistral's `[TOOL_CALLS]`) answers a request
+that offers `tools` with OpenAI `tool_calls` read from its text, and reads a conversation's `tool_calls`
+and `tool` messages through its template; other models' tagged actions and fenced shell blocks become
+calls of the offered tools, as before. The syntax (and, for a torch model, which forward generates) is
+printed on stderr at start.
+
+Log-probs (`"logprobs": true`): `--logprobs-mode processed`, the default, reports each token's log-prob
+under the distribution it was sampled from (after temperature and top-p: 0 for a greedy token), the
+numbers the engine records with no extra work and the ones the trainer's replay compares against, which a
+pool that follows the trainer must report (so `--follow` takes no other); `raw` reports the model's own
+softmax, as vLLM does by default (its `logprobs_mode`), at the price of one more forward per answer. A
+request chooses for itself with the non-standard field `"logprobs_mode": "raw"` (or `"processed"`).
+
 `--draft SPEC` serves a torch model with exact speculative decoding (`flywheel.models.speculative`):
 `lookup` (the context's own continuations, no model; 1.3-1.45x at batch 1 on agent turns), `layers:N` or
 a model with the same vocabulary. It pays for one client at a time (an agent's session): a lookup draft
@@ -50,11 +64,23 @@ def serve(
         "It pays for one client at a time, not for many at once (a model draft runs requests one by one).",
     ),
     draft_tokens: int = typer.Option(4, "--draft-tokens", min=1, help="Tokens the draft proposes per round."),
+    logprobs_mode: str = typer.Option(
+        "processed",
+        "--logprobs-mode",
+        help="Whose log-probs `logprobs: true` returns unless the request says: processed (the sampling "
+        "distribution's, what the trainer replays) or raw (the model's own, as vLLM's default; one more "
+        "forward per answer).",
+    ),
 ) -> None:
     """Serve MODEL at http://HOST:PORT/v1 (chat completions, models) until interrupted."""
     opts = {"draft": draft, "draft_tokens": draft_tokens} if draft else {}
     if draft:
         require_torch(model, "--draft")
+    config = ServerConfig(
+        batch_window_s=batch_window_ms / 1000, max_batch=max_batch, logprobs_mode=logprobs_mode
+    )
+    if logprobs_mode == "raw":
+        _check_raw(model, follow)
     follower = None
     if follow:
         from flywheel.serve.follow import load_following  # loads torch: only when following
@@ -65,7 +91,6 @@ def serve(
         policy, follower = load_following(model, follow, **opts)
     else:
         policy = get_model(model, **opts)
-    config = ServerConfig(batch_window_s=batch_window_ms / 1000, max_batch=max_batch)
     try:
         server, thread = serve_model(policy, host, port, config, follower)
     except OSError as e:
@@ -76,12 +101,35 @@ def serve(
         signal.signal(sig, _interrupt)
     try:
         typer.echo(f"serving {server.model_name} at {server.url}")
+        for line in _described(policy, server):
+            typer.echo(line, err=True)
         while thread.is_alive():
             thread.join(0.5)
     except KeyboardInterrupt:
         typer.echo("stopping", err=True)
     finally:
         server.close()
+
+
+def _check_raw(model: str, follow: str) -> None:
+    """Refuse `--logprobs-mode raw` where it cannot serve: a model without weights in process, or a server
+    that feeds the trainer, whose replay compares against the sampling distribution's log-probs."""
+    require_torch(model, "--logprobs-mode raw")
+    if follow:
+        raise FlywheelError(
+            "--logprobs-mode raw: a server that follows the trainer reports the sampling distribution's "
+            "log-probs, which its replay compares against (a request may still ask for raw ones)"
+        )
+
+
+def _described(policy, server) -> list[str]:
+    """What a user should know about how the model is served: its forward, its tool-call syntax."""
+    lines = [f"forward: {policy.path}"] if isinstance(getattr(policy, "path", None), str) else []
+    if server.syntax is not None:
+        lines.append(f"tool calls: the chat template's {server.syntax.name} syntax")
+    elif getattr(policy, "tokenizer", None) is not None:
+        lines.append("tool calls: the chat template defines none; tagged actions and shell blocks are read")
+    return lines
 
 
 def _interrupt(signum, frame) -> None:

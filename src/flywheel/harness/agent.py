@@ -262,8 +262,9 @@ def _assistant_turn(c: Completion, summary: bool = False) -> dict[str, Any]:
         "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
     }
-    if c.tool_calls:
-        turn["tool_calls"] = [{"name": t.get("name"), "arguments": t.get("arguments")} for t in c.tool_calls]
+    calls = [t for t in c.tool_calls if not t.get("error")]  # a malformed call is recorded as a format error
+    if calls:
+        turn["tool_calls"] = [{"name": t.get("name"), "arguments": t.get("arguments")} for t in calls]
     if c.token_ids is not None:
         turn.update(prompt_ids=c.prompt_ids, token_ids=c.token_ids, logprobs=c.logprobs, kept=c.kept)
     if c.policy_version is not None:
@@ -316,8 +317,11 @@ def _act_tagged(ep: Episode, c: Completion, cfg: HarnessConfig) -> None:
 
 
 def _act_native(ep: Episode, c: Completion, cfg: HarnessConfig) -> None:
-    calls = [dict(t, id=t.get("id") or f"call_{ep.n_turns}_{i}") for i, t in enumerate(c.tool_calls)]
-    message: dict[str, Any] = {"role": "assistant", "content": c.text or None}
+    # a call the model wrote in its own syntax and got wrong (`chat_formats`): the turn calls nothing
+    malformed = next((str(t["error"]) for t in c.tool_calls if t.get("error")), None)
+    calls = [] if malformed else c.tool_calls
+    calls = [dict(t, id=t.get("id") or f"call_{ep.n_turns}_{i}") for i, t in enumerate(calls)]
+    message: dict[str, Any] = {"role": "assistant", "content": (c.text or None) if calls else c.text}
     if calls:
         message["tool_calls"] = [
             {
@@ -329,12 +333,9 @@ def _act_native(ep: Episode, c: Completion, cfg: HarnessConfig) -> None:
         ]
     ep.messages.append(message)
     if not calls:
-        _format_error(
-            ep,
-            "no tool call: call one of the tools",
-            cfg,
-            {"role": "user", "content": "error: call one of the tools"},
-        )
+        why = malformed or "call one of the tools"
+        reply = {"role": "user", "content": f"error: {why}"}
+        _format_error(ep, malformed or f"no tool call: {why}", cfg, reply)
         return
     for t in calls:
         try:

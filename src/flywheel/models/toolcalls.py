@@ -14,7 +14,9 @@ action in the text into a call of a tool the client offered:
 - `delegate` has no shell equivalent: without a same-named tool it stays text.
 
 Text with no parsable action, or whose action the client cannot be called with, stays plain content.
-The text before the action (the model's thought) is kept as the message's content.
+The text before the action (the model's thought) is kept as the message's content. A model whose chat
+template defines its own call syntax (Qwen's `<tool_call>`, ...) has its calls read by
+`flywheel.models.chat_formats` first; this translation is for the rest.
 """
 
 from __future__ import annotations

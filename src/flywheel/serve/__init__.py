@@ -8,6 +8,8 @@ and tests get a real HTTP server without new dependencies. One concept per modul
   into responses and stream chunks, tool calls, log-probs, and errors as OpenAI error JSON (`ApiError`).
 - `batcher`: `Batcher`, which owns the model and turns concurrent requests into one `generate` call per
   batch (and updates a following model's weights between batches, never during one).
+- `logprobs`: the model's own ("raw") log-probs of an answer, for a request or server that asks for them
+  instead of the sampling distribution's ("processed", the default: what the trainer replays).
 - `http`: `ModelServer` on the standard library's HTTP server, its `ServerConfig`, and `serve_model`,
   which starts one in a background thread; streams, live or whole, are sent here.
 - `follow`: a torch model whose weights follow the trainer's store (`flywheel serve --follow STORE`),
@@ -19,7 +21,8 @@ lists are empty; `n` up to `max_n` (copies of the request in the batch, seeds of
 index); a generation cut short by the context limit after it has produced text ends with
 `finish_reason="length"`, the nearest standard value; the request's `model` field is not checked (the
 server serves one model); the non-standard fields `flywheel_meta` (request, becomes `Request.meta`),
-`policy_version`, `choices[i].token_ids` and `prompt_token_ids` (response) are added.
+`logprobs_mode` (request: "processed" or "raw"), `policy_version`, `choices[i].token_ids` and
+`prompt_token_ids` (response) are added.
 """
 
 from flywheel.serve.batcher import Batcher

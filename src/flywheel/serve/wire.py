@@ -5,12 +5,17 @@
   `ApiError(400)` for a field that is missing or mistyped.
 - Completions become OpenAI JSON in `chat_response`: `choices[i].message` with `content` and
   `tool_calls` (ids, JSON-string arguments), `finish_reason` "tool_calls" when the model called tools,
-  and `usage`. When the request offers `tools` and the model wrote its action as text (tagged, or a
-  fenced shell block), `served` turns it into a call of an offered tool first (`toolcalls`).
+  and `usage`. When the request offers `tools` and the model wrote its calls as text, `served` reads them
+  first: in the call syntax of the served model's chat template (`flywheel.models.chat_formats`: Qwen's
+  `<tool_call>`, Llama 3's JSON, Mistral's `[TOOL_CALLS]`), else an action (tagged, or a fenced shell
+  block) as a call of an offered tool (`toolcalls`). A malformed call comes back as plain content, the
+  model's text as it wrote it, as vLLM's parsers answer one.
 - `stream_chunks` derives the `chat.completion.chunk`s that stream an answer from its `chat_response`
   object, so both agree; `settled` is the part of a growing answer that a live stream may send now.
 - `"logprobs": true`: `choices[i].logprobs.content` (token, logprob) and the non-standard
   `choices[i].token_ids` / `prompt_token_ids`, when the model returns them (the torch engine does). The
+  non-standard `logprobs_mode` ("processed" or "raw", `flywheel.serve.logprobs`) chooses whose log-probs
+  they are; without it, the server's (`ServerConfig.logprobs_mode`, "processed" by default). The
   version of the weights that generated a completion is the non-standard top-level field
   `policy_version` (in each stream chunk too).
 
@@ -35,7 +40,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flywheel.models.openai_fields import META_FIELD
+from flywheel.models.chat_formats import CallSyntax
+from flywheel.models.openai_fields import LOGPROBS_MODE_FIELD, LOGPROBS_MODES, META_FIELD
 from flywheel.models.toolcalls import text_tool_calls
 from flywheel.protocols import Completion, Request
 
@@ -100,6 +106,7 @@ class Answer:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with `usage`
     logprobs: bool = False
+    logprobs_mode: str | None = None  # one of LOGPROBS_MODES; None: the server's
 
 
 def parse_answer(body: dict[str, Any]) -> Answer:
@@ -111,7 +118,12 @@ def parse_answer(body: dict[str, Any]) -> Answer:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
-    return Answer(bool(body.get("stream")), bool(options.get("include_usage")), bool(body.get("logprobs")))
+    mode = body.get(LOGPROBS_MODE_FIELD)
+    if mode is not None and mode not in LOGPROBS_MODES:
+        modes = " or ".join(f"'{m}'" for m in LOGPROBS_MODES)
+        raise bad_request(f"'{LOGPROBS_MODE_FIELD}' must be {modes}", LOGPROBS_MODE_FIELD)
+    stream, usage = bool(body.get("stream")), bool(options.get("include_usage"))
+    return Answer(stream, usage, bool(body.get("logprobs")), mode)
 
 
 def _list(value: Any, param: str) -> list[Any]:
@@ -218,10 +230,18 @@ def check_completions(completions: Sequence[Completion]) -> None:
             )
 
 
-def served(c: Completion, tools: list[dict[str, Any]] | None) -> Completion:
-    """`c` as the client sees it: an action in its text becomes a call of an offered tool (`toolcalls`)."""
-    if not tools or c.tool_calls:
+def served(c: Completion, tools: list[dict[str, Any]] | None, syntax: CallSyntax | None = None) -> Completion:
+    """`c` as the client sees it: calls in its text, in the model's own `syntax` (from its chat template) or
+    as an action (`toolcalls`), become tool calls; a malformed call leaves the text as plain content."""
+    if not tools:
         return c
+    if any(t.get("error") for t in c.tool_calls):  # the engine read a malformed call: the text stays
+        return dataclasses.replace(c, tool_calls=[])
+    if c.tool_calls:
+        return c
+    found = syntax.parse(c.text) if syntax is not None else None
+    if found is not None and (found.calls or found.error):
+        return dataclasses.replace(c, text=found.content, tool_calls=found.calls)
     content, calls = text_tool_calls(c.text, tools)
     return dataclasses.replace(c, text=content, tool_calls=calls) if calls else c
 
