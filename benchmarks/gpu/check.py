@@ -9,7 +9,10 @@ a failed part never stops the next one. The JSON is rewritten after every part.
 
 1. `engine`: `benchmarks/bench_engine.py` on SmolLM2-135M in bfloat16 on the GPU, batch 1 and batch 64,
    a fixed number of new tokens: the torch engine's tokens/s against transformers' `generate`, and the
-   ratio (goal: the engine at least 3x `generate` at batch 64).
+   ratio (goal: the engine at least 3x `generate` at batch 64). Then, under `family` and a cap of its own,
+   the same on a random model of Qwen3-0.6B's shape (`qwen3-0.6b-shape`: the Qwen3 forward with its q/k
+   norms and 8 KV heads of 128, a 151,936-token head), fewer new tokens and one repeat, with the forward
+   the engine took (`path`); no goal.
 2. `rl_step`: `benchmarks/bench_trl.py` on the GPU in bfloat16: seconds per RL step of TRL's
    `GRPOTrainer` against ours (AdamW and Muon), and the ratio (goal: ours at least 3x faster). Skipped,
    with the reason, when `trl` or `datasets` cannot be imported.
@@ -22,9 +25,10 @@ a failed part never stops the next one. The JSON is rewritten after every part.
    after at most 5 minutes of RL.
 
 Budget. The whole check has `budget_s` seconds from the moment check.sh started (465 s on the GPU, so
-it ends within 8 minutes); setup and parts 1 and 2 have fixed caps, part 3 gets what is left. Inside part
-3 the RL minutes are sized from what is left after the SFT and the base evaluation, keeping room for the
-second evaluation (as long as the first took, plus a margin).
+it ends within 8 minutes); setup and parts 1 and 2 have fixed caps (part 1's Qwen-shaped run one of its
+own, 40 s), part 3 gets what is left. Inside part 3 the RL minutes are sized from what is left after the
+SFT and the base evaluation, keeping room for the second evaluation (as long as the first took, plus a
+margin).
 
 Setup, before the parts: wheels in `benchmarks/gpu/wheels/` are installed (`pip --no-index --no-deps
 --target`) for the modules the interpreter lacks; SmolLM2's HF-format copy is made in the flywheel cache
@@ -37,9 +41,9 @@ sft` need not collect it again.
 in two parts of under 50 MB each (for transfers that cap a file's size), and the teacher episodes of the SFT config. Both
 folders are ignored by git.
 
-`--smoke`: the same parts on the CPU at tiny sizes (the tiny random Llama in part 1, one TRL step, an SFT
-of one step on two episodes, two held-out tasks of one turn, one RL step), about a minute or two; it is
-what `tests/benchmarks/test_gpu_check.py` runs.
+`--smoke`: the same parts on the CPU at tiny sizes (the tiny random Llama and Qwen3 in part 1, one TRL
+step, an SFT of one step on two episodes, two held-out tasks of one turn, one RL step), about a minute or
+two; it is what `tests/benchmarks/test_gpu_check.py` runs.
 """
 
 from __future__ import annotations
@@ -98,6 +102,9 @@ class Sizes:
     engine_new_tokens: int
     engine_repeats: int
     engine_cap_s: float
+    family_model: str  # bench_engine's --models for the Qwen-shaped run (same batches, one repeat)
+    family_new_tokens: int
+    family_cap_s: float
     trl_steps: int  # timed steps (one more runs as warm-up)
     trl_muon: bool
     trl_cap_s: float
@@ -119,6 +126,9 @@ GPU = Sizes(
     engine_new_tokens=128,
     engine_repeats=2,
     engine_cap_s=75,
+    family_model="qwen3-0.6b-shape",
+    family_new_tokens=64,
+    family_cap_s=40,
     trl_steps=2,
     trl_muon=True,
     trl_cap_s=100,
@@ -144,6 +154,9 @@ SMOKE = Sizes(  # float32: bfloat16 on a CPU without bfloat16 units is several t
     engine_new_tokens=4,
     engine_repeats=1,
     engine_cap_s=60,
+    family_model="qwen3-tiny",
+    family_new_tokens=4,
+    family_cap_s=60,
     trl_steps=1,
     trl_muon=False,
     trl_cap_s=120,
@@ -366,32 +379,54 @@ def smollm2_source() -> str:
 # ------------------------------------------------------------------------------------------------- parts
 
 
-def part_engine(run: Runner, sizes: Sizes, work: Path) -> dict[str, Any]:
-    out = work / "engine.json"
+def bench_engine(
+    run: Runner, sizes: Sizes, out: Path, model: str, new_tokens: int, repeats: int, cap: float
+) -> dict[str, Any]:
+    """`bench_engine.py` on `model` at the check's batches, device and dtype: its JSON, or an `error`."""
     cmd = [
         python(),
         "benchmarks/bench_engine.py",
-        *("--models", sizes.engine_model, "--batches", sizes.engine_batches),
-        *("--new-tokens", str(sizes.engine_new_tokens), "--repeats", str(sizes.engine_repeats)),
+        *("--models", model, "--batches", sizes.engine_batches),
+        *("--new-tokens", str(new_tokens), "--repeats", str(repeats)),
         *("--threads", str(sizes.threads), "--device", sizes.device, "--dtype", sizes.dtype),
         *("--out", str(out)),
     ]
-    ran = run.run("engine", cmd, sizes.engine_cap_s)
+    ran = run.run(f"engine: {model}", cmd, cap)
     if ran.rc != 0 or not out.is_file():
         return {"error": run.failure(ran)}
-    data = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def rounded_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items() if k != "model"} for r in rows
+    ]
+
+
+def part_engine(run: Runner, sizes: Sizes, work: Path) -> dict[str, Any]:
+    data = bench_engine(
+        run, sizes, work / "engine.json", sizes.engine_model, sizes.engine_new_tokens, sizes.engine_repeats,
+        sizes.engine_cap_s,
+    )  # fmt: skip
+    if "error" in data:
+        return data
     rows = data["rows"]
     top = max(rows, key=lambda r: r["batch"])
+    family = bench_engine(
+        run, sizes, work / "family.json", sizes.family_model, sizes.family_new_tokens, 1, sizes.family_cap_s
+    )
+    if "error" not in family:
+        family = {"model": sizes.family_model, "new_tokens": sizes.family_new_tokens} | {
+            "rows": rounded_rows(family["rows"])
+        }
     return {
         "model": sizes.engine_model,
         "copy_bandwidth_gb_s": round(data["copy_bandwidth_gb_s"], 1),
-        "rows": [
-            {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items() if k != "model"}
-            for r in rows
-        ],
+        "rows": rounded_rows(rows),
         "speedup_at_largest_batch": round(top["speedup"], 3),
         "goal": f"engine >= {ENGINE_GOAL:g}x generate at batch 64",
         "goal_met": top["batch"] >= 64 and top["speedup"] >= ENGINE_GOAL,
+        "family": family,
     }
 
 
@@ -502,7 +537,10 @@ def line_of(name: str, p: dict[str, Any]) -> str:
             f"batch {r['batch']}: {r['engine_tok_s']:.0f} vs {r['generate_tok_s']:.0f} tok/s ({r['speedup']:.2f}x)"
             for r in p["rows"]
         )
-        return f"engine vs generate, {rows} (goal {ENGINE_GOAL:g}x: {met()})"
+        family = p.get("family", {})
+        qwen = "; ".join(f"batch {r['batch']}: {r['speedup']:.2f}x" for r in family.get("rows", []))
+        qwen = f"{family['model']} ({family['rows'][0]['path']}) {qwen}" if qwen else family.get("error")
+        return f"engine vs generate, {rows} (goal {ENGINE_GOAL:g}x: {met()})" + (f"; {qwen}" if qwen else "")
     if name == "rl_step":
         sides = ", ".join(f"{k} {v:.2f}" for k, v in p["s_per_step"].items())
         ratios = ", ".join(f"{k.removeprefix('flywheel-')} {v:.2f}x" for k, v in p["trl_over_ours"].items())

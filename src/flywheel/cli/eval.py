@@ -122,6 +122,8 @@ def eval_(
     tasks = load_suite(suite, split=split)
     settings = EvalSettings(tasks[:limit] if limit else tasks, effort, seed, concurrency, overwrite)
     policy, cfg = load_policy(spec, base_url, seed, temperature, top_p, cohorts, action_format, engine)
+    if isinstance(getattr(policy, "path", None), str):  # the torch engine: its fast forward, or why not
+        typer.echo(f"forward: {policy.path}", err=True)
     cfg = replace(cfg, compaction=compaction, compact_at=compact_at, warm_pytest=not cold_pytest)
     pair = None
     if sidekick:

@@ -1,8 +1,22 @@
-"""A hand-written Llama forward over a preallocated KV cache: the fast path of the rollout engine.
+"""A hand-written forward of Llama-shaped decoders over a preallocated KV cache: the engine's fast path.
 
-`TorchEngine` generates with this whenever its model is a `LlamaForCausalLM` (the tiny models of
-`flywheel.models.tiny` and SmolLM2 both are) and falls back to the model's own forward otherwise.
-`unsupported(model)` says why a model cannot take this path (None when it can).
+`TorchEngine` generates with this whenever `unsupported(model, context)` finds nothing against its model
+(None), and falls back to the model's own forward otherwise, saying why. The families it takes
+(`FAST_ARCHITECTURES`) are one decoder with small differences, each read from the HF modules:
+- Llama (`LlamaForCausalLM`: SmolLM2, Llama 3 with its `llama3` rope scaling, the tiny models of
+  `flywheel.models.tiny`) and Mistral (`MistralForCausalLM`, the same decoder);
+- Qwen2 and Qwen2.5 (`Qwen2ForCausalLM`): biases on the q, k and v projections, tied or untied heads;
+- Qwen3 dense (`Qwen3ForCausalLM`): an RMSNorm over each query and key head before the rotation
+  (`decoder_layer`), and a head size of its own (`head_dim`, not hidden / heads).
+Biases on any projection and tied or untied heads are honoured in all of them; the rotary inverse
+frequencies (scaled by the config's rope type) are the model's own buffer.
+
+A sliding window (Mistral's, Qwen's `use_sliding_window` layers) is taken when it covers the context the
+engine serves (`attention_window(config) >= context`): the window then never drops a key, and full
+attention is the same computation. A narrower window falls back. Gemma 2 and 3 fall back
+(`NOT_TAKEN` says why in one line): soft-capped attention scores and logits (Gemma 2), sliding-window
+layers alternating with global ones (with a rotary base of their own in Gemma 3), the (1+w) RMSNorm
+with four norms a layer, and scaled embeddings are each a change to the forward below.
 
 Why it is faster than calling the HF modules with a `DynamicCache`:
 - The KV cache is one preallocated tensor per K and V, `[layers, batch, kv_heads, capacity, head_dim]`.
@@ -54,18 +68,19 @@ there the fixed cost of a packed product outweighs what it saves (both measured 
 0.5 s for SmolLM2-135M) after each weights change; the engine's `pack=False` turns it off.
 
 What is not covered (those models fall back to the HF forward): architectures other than
-`LlamaForCausalLM`, activations other than SiLU, `pretraining_tp > 1`, and rotary variants whose
-frequencies depend on the sequence length (`dynamic`, `longrope`). Attention and MLP biases are honoured.
+`FAST_ARCHITECTURES` (Gemma, mixtures of experts, multimodal models), sliding windows narrower than the
+context, activations other than SiLU, `pretraining_tp > 1`, a rotation over part of each head, and
+rotary variants whose frequencies depend on the sequence length (`dynamic`, `longrope`).
 
-Device and precision: the cache takes the dtype and device of the model's weights; `LlamaRunner` moves each
+Device and precision: the cache takes the dtype and device of the model's weights; `FastRunner` moves each
 call's token ids and masks there, and `forward` returns float32 logits (a no-op for a float32 model; a
 bfloat16 model's head runs in bfloat16 and its logits are cast). Attention is one
 `torch.nn.functional.scaled_dot_product_attention` call per layer on every device; with the boolean mask it
 takes PyTorch picks the fastest kernel it has for the device and dtype (on CUDA a memory-efficient one).
 
-Numerics: the same operations as the HF Llama in the same order (RMSNorm in float32, rotary on q and k,
-softmax attention scaled by `attn.scaling`), so logits agree with the HF forward up to float rounding
-(summation order inside the fused kernels differs). Deterministic for a fixed machine and thread count.
+Numerics: the same operations as the HF modules in the same order (RMSNorm in float32, Qwen3's q/k
+norms, rotary on q and k, softmax attention scaled by `attn.scaling`), so logits agree with the HF forward
+up to float rounding (summation order inside the fused kernels differs). Deterministic for a fixed machine and thread count.
 """
 
 from __future__ import annotations
@@ -78,21 +93,52 @@ import torch.nn.functional as F
 
 SEQUENCE_DEPENDENT_ROPE = {"dynamic", "longrope"}
 FIRST_CHUNK = 256  # decode columns allocated with the prompt; doubled when outgrown
+FAST_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_GEMMA = "the (1+w) RMSNorm with four norms a layer and scaled embeddings are not in the fast forward"
+NOT_TAKEN = {  # families that fall back, and why (one line each)
+    "Gemma2ForCausalLM": f"Gemma 2: soft-capped attention scores and logits, sliding-window layers "
+    f"alternating with global ones, {_GEMMA}",
+    "Gemma3ForCausalLM": f"Gemma 3: sliding-window layers (with a rotary base of their own) alternating with "
+    f"global ones, {_GEMMA}",
+}
 
 
-def unsupported(model) -> str | None:
-    """Why `model` cannot run on the fast path, or None when it can."""
-    if type(model).__name__ != "LlamaForCausalLM":
-        return f"{type(model).__name__} is not LlamaForCausalLM"
+def unsupported(model, context: int | None = None) -> str | None:
+    """Why `model` cannot run on the fast path, or None when it can. `context`: the most tokens a sequence
+    may hold, prompt and generation (None: the model's `max_position_embeddings`), which a sliding window
+    must cover."""
+    name = type(model).__name__
+    if name in NOT_TAKEN:
+        return NOT_TAKEN[name]
+    if name not in FAST_ARCHITECTURES:
+        return f"{name} is not {', '.join(FAST_ARCHITECTURES[:-1])} or {FAST_ARCHITECTURES[-1]}"
     cfg = model.config
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"activation {cfg.hidden_act}"
     if int(getattr(cfg, "pretraining_tp", 1) or 1) != 1:
         return "pretraining_tp > 1"
-    rope_type = getattr(model.model.rotary_emb, "rope_type", "default")
+    rope = model.model.rotary_emb
+    rope_type = getattr(rope, "rope_type", "default")
     if rope_type in SEQUENCE_DEPENDENT_ROPE:
         return f"rope type {rope_type}"
+    head_dim = model.model.layers[0].self_attn.head_dim
+    if 2 * rope.inv_freq.numel() != head_dim:
+        return f"rotary over {2 * rope.inv_freq.numel()} of {head_dim} head dimensions"
+    window = attention_window(cfg)
+    context = context or int(getattr(cfg, "max_position_embeddings", 0) or 0)
+    if window is not None and window < context:
+        return f"sliding window {window} < context {context}"
     return None
+
+
+def attention_window(config) -> int | None:
+    """The sliding window of a model's windowed layers (keys at most `window - 1` positions back), or None
+    when every layer attends to the whole sequence."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if window is None or (types is not None and "sliding_attention" not in types):
+        return None
+    return int(window)
 
 
 # ------------------------------------------------------------------------------------------------ cache
@@ -438,21 +484,23 @@ def _linear(x: torch.Tensor, layer) -> torch.Tensor:
 def decoder_layer(
     layer, x, cos, sin, k_cache, v_cache, start: int, attend, mats: PackedLayer | None = None
 ) -> torch.Tensor:
-    """One Llama block on `x` [B, S, hidden], writing this layer's K/V into columns `start:start+S`
-    (`mats`: the layer's packed matrices, else the modules' own)."""
+    """One decoder block (Llama's; Qwen3's with its q/k norms) on `x` [B, S, hidden], writing this layer's
+    K/V into columns `start:start+S` (`mats`: the layer's packed matrices, else the modules' own)."""
     attn, mlp = layer.self_attn, layer.mlp
     b, s, _ = x.shape
     kv_heads, d = k_cache.shape[1], attn.head_dim
     h = _rms_norm(x, layer.input_layernorm)
-    if mats is not None:  # q, k and v heads side by side: q and k rotated in one go
+    q_norm = getattr(attn, "q_norm", None)  # Qwen3's per-head norms of queries and keys
+    if mats is not None and q_norm is None:  # q, k and v heads side by side: q and k rotated in one go
         qkv = _packed_linear(h, mats.qkv, mats.qkv_bias).view(b, s, -1, d).transpose(1, 2)
         heads = qkv.shape[1] - 2 * kv_heads
         qk = _rotate(qkv[:, : heads + kv_heads], cos, sin)
         q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
     else:
-        q = _rotate(_linear(h, attn.q_proj).view(b, s, -1, d).transpose(1, 2), cos, sin)
-        k = _rotate(_linear(h, attn.k_proj).view(b, s, kv_heads, d).transpose(1, 2), cos, sin)
-        v = _linear(h, attn.v_proj).view(b, s, kv_heads, d).transpose(1, 2)
+        q, k, v = _projected(attn, h, mats, kv_heads, d)
+        if q_norm is not None:  # each head normalised over its own dimensions, before the rotation
+            q, k = _rms_norm(q, q_norm), _rms_norm(k, attn.k_norm)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         heads = q.shape[1]
     end = start + s
     k_cache[:, :, start:end] = k
@@ -470,6 +518,18 @@ def decoder_layer(
     h = _rms_norm(x, layer.post_attention_layernorm)
     gate, up = _packed_linear(h, mats.gate_up, mats.gate_up_bias).chunk(2, dim=-1)
     return x + _packed_linear(F.silu(gate) * up, mats.down, mats.down_bias)
+
+
+def _projected(attn, h: torch.Tensor, mats: PackedLayer | None, kv_heads: int, d: int):
+    """The query, key and value heads of `h` [B, S, hidden], [B, heads, S, d] each, not yet rotated."""
+    b, s, _ = h.shape
+    if mats is not None:
+        qkv = _packed_linear(h, mats.qkv, mats.qkv_bias).view(b, s, -1, d).transpose(1, 2)
+        heads = qkv.shape[1] - 2 * kv_heads
+        return qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+    q = _linear(h, attn.q_proj).view(b, s, -1, d).transpose(1, 2)
+    k = _linear(h, attn.k_proj).view(b, s, kv_heads, d).transpose(1, 2)
+    return q, k, _linear(h, attn.v_proj).view(b, s, kv_heads, d).transpose(1, 2)
 
 
 # ---------------------------------------------------------------------------------------- packed weights
@@ -579,7 +639,7 @@ class WeightsCache:
 # ------------------------------------------------------------------------------------------------ runner
 
 
-class LlamaRunner:
+class FastRunner:
     """The engine's stepping interface over one batch: `prefill`, then `step` per token, `select` rows."""
 
     def __init__(

@@ -31,11 +31,12 @@ def torch_model_dir(spec: str):
     raise FlywheelError(f"unknown torch model '{spec}' (use hf:PATH, {SMOLLM2} or {', '.join(BASES)})")
 
 
-def load_draft(spec: str, model, tokenizer):
+def load_draft(spec: str, model, tokenizer, context: int | None = None):
     """The draft `spec` names for speculative decoding of `model`: `layers:N` (`LayerSkip`: the model's own
     first N layers), `lookup` or `lookup:N` (`Lookup`: the context's own continuations of its last N tokens,
     3 by default), or an HF causal LM (`hf:PATH`, a directory, `smollm2-135m`, a shipped base) with
-    `tokenizer`'s vocabulary, loaded in `model`'s dtype on its device."""
+    `tokenizer`'s vocabulary, loaded in `model`'s dtype on its device, of a family the fast forward takes
+    for `context` tokens (`fastllama.unsupported`)."""
     if spec == "lookup" or spec.startswith("lookup:"):
         if spec != "lookup" and not spec[7:].isdigit():
             raise FlywheelError(f"draft '{spec}': use lookup or lookup:N with N a number of tokens")
@@ -47,7 +48,7 @@ def load_draft(spec: str, model, tokenizer):
     path = spec if Path(spec).is_dir() else torch_model_dir(spec)
     draft, draft_tokenizer = load_hf(path, dtype=model.dtype, device=model.device)
     check_vocabulary(spec, model, tokenizer, draft, draft_tokenizer)
-    why = unsupported(draft)
+    why = unsupported(draft, context)
     if why:
         raise FlywheelError(f"draft '{spec}': speculative decoding needs the fast Llama forward ({why})")
     return draft

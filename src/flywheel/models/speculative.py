@@ -57,9 +57,10 @@ tokens, one target forward verifies every row's, each row decides alone); a mode
 request at a time (`Speculation`: batch 1 is where decoding is bound by reading the weights, so verifying
 k+1 positions costs about one step; batching a draft model's own cache is not built).
 
-What is not covered: models the fast Llama forward cannot run (`fastllama.unsupported`), as target or
-draft, are refused; the draft does not use the prefix store (the target does, as in the plain loop); `k`
-is fixed, not adapted to the acceptance rate.
+What is not covered: models the fast forward cannot run (`fastllama.unsupported`: families other than
+Llama, Mistral, Qwen2 and Qwen3, Gemma among them), as target or draft, are refused; the draft does not
+use the prefix store (the target does, as in the plain loop); `k` is fixed, not adapted to the acceptance
+rate.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ import torch.nn.functional as F
 
 from flywheel.errors import FlywheelError
 from flywheel.models.fastllama import (
-    LlamaRunner,
+    FastRunner,
     Packed,
     PrefixStore,
     decode,
@@ -132,7 +133,8 @@ def speculate(
 
 class LayerSkip:
     """The target's first `layers` decoder layers, its final norm and its head, as a draft: a view that
-    `fastllama` runs like a `LlamaForCausalLM`, sharing the target's modules (and so its weights)."""
+    `fastllama` runs like the target itself (any family it takes), sharing the target's modules (and so
+    its weights)."""
 
     def __init__(self, model, layers: int) -> None:
         total = model.config.num_hidden_layers
@@ -223,8 +225,8 @@ class Speculation:
     ) -> None:
         self.dist, self.rng = dist, rng
         self.context = list(prompt)
-        self.target = _prefilled(LlamaRunner(target, steps + 1, store, packed), prompt)
-        self.draft = _prefilled(LlamaRunner(draft, steps, packed=draft_packed), prompt)
+        self.target = _prefilled(FastRunner(target, steps + 1, store, packed), prompt)
+        self.draft = _prefilled(FastRunner(draft, steps, packed=draft_packed), prompt)
 
     def round(self, k: int) -> Round:
         """Propose `k` tokens (0: plain decoding; a lookup may find fewer), verify them in one target forward,
@@ -300,7 +302,7 @@ class LookupBatch:
         self.settings, self.rngs = list(settings), list(rngs)
         self.contexts = [list(p) for p in prompts]
         self.vocab = target.config.vocab_size
-        self.target = LlamaRunner(target, steps, store, packed)
+        self.target = FastRunner(target, steps, store, packed)
         ids, mask = _left_padded(self.contexts)
         self.pending: torch.Tensor | None = self.target.prefill(ids, mask)  # [B, V]: the next position's
 
@@ -400,7 +402,7 @@ def _left_padded(rows: list[list[int]], width: int | None = None) -> tuple[torch
     return ids, mask
 
 
-def _prefilled(runner: LlamaRunner, prompt: list[int]) -> LlamaRunner:
+def _prefilled(runner: FastRunner, prompt: list[int]) -> FastRunner:
     """`runner` with the prompt's keys and values but its last token's (fed with the first round)."""
     ids = torch.tensor([prompt])
     runner.prefill(ids, torch.ones_like(ids))
@@ -409,7 +411,7 @@ def _prefilled(runner: LlamaRunner, prompt: list[int]) -> LlamaRunner:
     return runner
 
 
-def _extend(runner: LlamaRunner, ids: torch.Tensor, every: bool = False) -> torch.Tensor:
+def _extend(runner: FastRunner, ids: torch.Tensor, every: bool = False) -> torch.Tensor:
     """Feed `ids` [S] after what `runner`'s one row holds: the last position's logits [V] (`every`: each
     position's, [S, V])."""
     assert runner.cache is not None

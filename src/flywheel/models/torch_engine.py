@@ -10,14 +10,17 @@ the weights change; `prefix_cache_mb`, 0 to turn it off). Sequences that finish 
 a stop string, their token budget) are dropped from the batch and from the cache at once, so one long tail
 does not carry dead rows through the remaining steps.
 
-The forward behind the loop is a "runner" (`prefill`, `step`, `select`): for a `LlamaForCausalLM`, the
-hand-written forward of `flywheel.models.fastllama` over a preallocated KV cache; for any other causal LM
-(or with `fast=False`), `HFRunner`, the model's own forward with a `DynamicCache`. Both read the model's
-parameters at every call, so weights updated in place between `generate` calls (an optimizer step) are
-used by the next call; what is derived from weights and kept (the prefix store, the packed matrices) is
-remade then.
-`engine.slow_reason` says why the fast path is off (None when on). On the CPU the fast path multiplies by a
-packed copy of the matrices (`fastllama.pack_weights`, remade when the weights change; `pack=False`
+The forward behind the loop is a "runner" (`prefill`, `step`, `select`): for the families the fast path
+takes (Llama and Llama 3, Mistral, Qwen2 and Qwen2.5, Qwen3 dense: `fastllama.FAST_ARCHITECTURES`, with
+a sliding window no narrower than `max_context`), the hand-written forward of `flywheel.models.fastllama`
+over a preallocated KV cache; for any other causal LM (Gemma among them, or with `fast=False`),
+`HFRunner`, the model's own forward with a `DynamicCache`, without the prefix store or speculative
+decoding. Both read the model's parameters at every call, so weights updated in place between `generate`
+calls (an optimizer step) are used by the next call; what is derived from weights and kept (the prefix
+store, the packed matrices) is remade then.
+`engine.path` says which forward a model takes: `"fast"`, or `"hf: <why not the fast one>"`
+(`engine.slow_reason` is that reason alone, None on the fast path). On the CPU the fast path multiplies
+by a packed copy of the matrices (`fastllama.pack_weights`, remade when the weights change; `pack=False`
 turns it off and halves the weights' memory).
 
 Sampling (`flywheel.models.sampling`): each step draws one token per row with `sample_step`, at the row's
@@ -38,6 +41,9 @@ Stopping and what a Completion holds:
   and does NOT include it (the OpenAI convention); `token_ids` run up to and including the token that
   completed the stop string, so they are exactly what the model generated (their decoding may go past the
   cut). `finish_reason="stop"`.
+- Tool calls: a request that offers `tools` gets the calls the model wrote in its chat template's own
+  syntax (`<tool_call>`, Llama 3's JSON, `[TOOL_CALLS]`: `chat_formats.completion_calls`) in `tool_calls`,
+  and `text` is what came before them; history is rendered as the template reads it (`chat_messages`).
 - Limits: `max_context` bounds prompt + generation. A prompt that leaves no room (`len >= max_context`)
   returns `finish_reason="context"` with nothing generated; a generation that reaches `max_tokens` ends
   with `"length"`, one cut short by the context limit with `"context"`.
@@ -78,7 +84,8 @@ import numpy as np
 import torch
 
 from flywheel.errors import FlywheelError
-from flywheel.models.fastllama import LlamaRunner, PrefixStore, WeightsCache, unsupported
+from flywheel.models.chat_formats import chat_messages, completion_calls
+from flywheel.models.fastllama import FastRunner, PrefixStore, WeightsCache, unsupported
 from flywheel.models.hf import load_hf, resolve_device, resolve_dtype
 from flywheel.models.loading import load_draft, torch_model_dir
 from flywheel.models.sampling import Step, distribution, request_rng, request_uniforms, sample_step
@@ -115,7 +122,7 @@ def render_prompt(tokenizer, request: Request) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
         kwargs = {"tools": request.tools} if request.tools else {}
         text = tokenizer.apply_chat_template(
-            request.messages, add_generation_prompt=True, tokenize=False, **kwargs
+            chat_messages(tokenizer, request.messages), add_generation_prompt=True, tokenize=False, **kwargs
         )
     else:
         text = fallback_template(request.messages)
@@ -194,8 +201,8 @@ class TorchEngine:
         self.ignore_eos = ignore_eos  # benchmarks: generate exactly max_tokens
         self.eos_ids = sorted(_eos_ids(model, tokenizer) if eos_ids is None else set(eos_ids))
         self.cache_kw = _cache_kwarg(model)
-        self.slow_reason = "disabled" if not fast else unsupported(model)
-        self.fast = self.slow_reason is None  # the hand-written Llama forward (flywheel.models.fastllama)
+        self.slow_reason = "disabled" if not fast else unsupported(model, self.max_context)
+        self.fast = self.slow_reason is None  # the hand-written forward (flywheel.models.fastllama)
         self.pad_id = _pad_id(tokenizer, self.eos_ids)
         # keys and values of finished sequences, reused by prompts that start with them (fast path only)
         self.prefix_store = PrefixStore(prefix_cache_mb << 20) if self.fast and prefix_cache_mb > 0 else None
@@ -217,6 +224,11 @@ class TorchEngine:
         self.spec_stats = dict.fromkeys(("target_steps", "proposed", "accepted", "tokens"), 0)
 
     # -- public
+
+    @property
+    def path(self) -> str:
+        """Which forward generates: `"fast"` (`flywheel.models.fastllama`) or `"hf: <why not>"`."""
+        return "fast" if self.fast else f"hf: {self.slow_reason}"
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         done: dict[int, Completion] = {}
@@ -273,8 +285,10 @@ class TorchEngine:
         text = self.tokenizer.decode(body, skip_special_tokens=True) if body else ""
         if seq.request.stop:
             text, _ = cut_at_stop(text, seq.request.stop)
+        text, calls = completion_calls(self.tokenizer, seq.request.tools, text, body, seq.request.stop)
         return Completion(
             text=text,
+            tool_calls=calls,
             finish_reason=seq.finish or seq.limit_reason,
             prompt_tokens=len(seq.prompt),
             completion_tokens=len(seq.tokens),
@@ -313,9 +327,9 @@ class TorchEngine:
         batch.finish()
 
     def _runner(self, steps: int):
-        """The fast Llama forward when the model allows it, else the model's own forward."""
+        """The fast forward when the model allows it, else the model's own forward."""
         if self.weights is not None:
-            return LlamaRunner(self.model, steps, self.prefix_store, self.weights.refresh())
+            return FastRunner(self.model, steps, self.prefix_store, self.weights.refresh())
         return HFRunner(self.model, self.cache_kw)
 
     def _finished(self, batch: _Batch, step: int, tokens: torch.Tensor, eos: torch.Tensor) -> list[bool]:
@@ -351,7 +365,7 @@ class TorchEngine:
             )
         if self.draft_tokens < 1:
             raise FlywheelError(f"draft_tokens must be >= 1, got {self.draft_tokens}")
-        return load_draft(spec, self.model, self.tokenizer)
+        return load_draft(spec, self.model, self.tokenizer, self.max_context)
 
     def _decode_speculative(self, seq: _Seq) -> None:
         """Generate `seq` alone, a round of up to `draft_tokens` proposals at a time, each round's tokens

@@ -20,6 +20,9 @@ into a prefix tree (`flywheel.rl.pack`), and one tree-masked forward computes ea
 group's common prompt and an episode's earlier turns alike. Sharing is by exact token ids, so a turn whose
 prompt re-renders the conversation differently from the ids generated before simply shares less. With
 ``pack = false`` each turn is its own right-padded row (turns of similar length share a batch).
+The tree mask is full causal attention, so a model with a sliding window (`fastllama.attention_window`:
+Mistral's, Gemma's, Qwen's windowed layers) is packed only while every turn fits in its window; a step
+with a longer turn replays padded, where the model's own masks apply the window.
 Rollouts whose advantage is exactly zero carry no gradient and are skipped.
 
 The model is shared with the rollout engine, which always generates from the current parameters, so the
@@ -52,6 +55,7 @@ import torch
 
 from flywheel.errors import FlywheelError
 from flywheel.files import building
+from flywheel.models.fastllama import attention_window
 from flywheel.models.hf import mixed, resolve_dtype, train_top_layers
 from flywheel.record import Trajectory
 from flywheel.rl.config import RunConfig
@@ -179,7 +183,7 @@ class Trainer:
         sums = {"loss": 0.0, "entropy": 0.0, "is_weight_mean": 0.0, "clip_frac": 0.0, "kl_k3": 0.0}
         ratio_max, n_tokens = 0.0, 0
         obj = self.cfg.objective
-        if obj.pack:
+        if obj.pack and self._packable(work):
             batches = pack_groups([t["prompt_ids"] + t["token_ids"] for t, _ in work], obj.pack_tokens)
         else:
             batches = [(b, None) for b in token_batches([t for t, _ in work], obj.batch_tokens)]
@@ -221,6 +225,12 @@ class Trainer:
             out[key] = sums[key] / n_tokens if n_tokens else 0.0
         return out
 
+    def _packable(self, work: list[tuple[dict[str, Any], float]]) -> bool:
+        """Whether the tree mask gives these turns their own attention: always, but under a sliding window
+        narrower than the longest turn (the tree mask does not apply it)."""
+        window = attention_window(self.model.config)
+        return window is None or all(len(t["prompt_ids"]) + len(t["token_ids"]) <= window for t, _ in work)
+
     @contextmanager
     def _recomputing(self):
         """With activation checkpointing, the forward inside runs in training mode, the mode in which the
@@ -252,7 +262,7 @@ class Trainer:
             cols += range(start, start + len(t["token_ids"]))
         ids, attn = ids.to(self.device), attn.to(self.device)
         hidden = self.model.base_model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-        return self.model.get_output_embeddings()(hidden[rows, cols]).float()
+        return self._head(hidden[rows, cols])
 
     def _packed_logits(self, turns: list[dict[str, Any]], pack: PrefixPack | None = None) -> torch.Tensor:
         """`_generated_logits` from one forward over the turns' prefix tree (`flywheel.rl.pack`): each
@@ -276,7 +286,16 @@ class Trainer:
             for path, t in zip(pack.paths, turns, strict=True)
             for node in path[len(t["prompt_ids"]) - 1 : len(path) - 1]
         ]
-        return self.model.get_output_embeddings()(hidden[rows]).float()
+        return self._head(hidden[rows])
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of the output head at `hidden`, soft-capped as the model's own forward caps them
+        (Gemma 2's `final_logit_softcapping`)."""
+        logits = self.model.get_output_embeddings()(hidden)
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
 
     # -- weights and checkpoints
 
