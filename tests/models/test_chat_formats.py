@@ -255,8 +255,8 @@ def test_a_template_without_a_syntax_keeps_the_text():
 # ------------------------------------------------------------------------------------- the agent loop
 
 
-def run_native(task, engine, max_turns=6):
-    cfg = HarnessConfig(action_format="native", temperature=0.0)
+def run_native(task, engine, max_turns=6, action_format="native"):
+    cfg = HarnessConfig(action_format=action_format, temperature=0.0)
     return run_episodes([EpisodeSpec(task, get_effort("medium", max_turns=max_turns))], engine, cfg=cfg)[0]
 
 
@@ -266,8 +266,12 @@ def prompt_of(engine, rec, turn):
 
 
 @pytest.mark.parametrize("family", ["qwen2.5", "qwen3"])
-def test_an_in_process_qwen_models_tool_call_is_its_action(clamp_task, family):
-    rec = run_native(clamp_task, scripted_engine(family, SCRIPTS[family]))
+@pytest.mark.parametrize("action_format", ["native", "auto"])
+def test_an_in_process_qwen_models_tool_call_is_its_action(clamp_task, family, action_format):
+    """`auto` offers tools natively to a model whose template has a call syntax (`TorchEngine.native_tools`)."""
+    engine = scripted_engine(family, SCRIPTS[family])
+    assert engine.native_tools
+    rec = run_native(clamp_task, engine, action_format=action_format)
     assert rec.ending == "submitted" and rec.n_turns == 1 and rec.format_errors == 0
     assert [t["name"] for t in rec.turns if t["role"] == "tool"] == ["submit"]
     assert rec.turns[2]["tool_calls"] == [SUBMIT]

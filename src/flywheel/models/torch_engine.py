@@ -84,7 +84,7 @@ import numpy as np
 import torch
 
 from flywheel.errors import FlywheelError
-from flywheel.models.chat_formats import chat_messages, completion_calls
+from flywheel.models.chat_formats import chat_messages, completion_calls, tokenizer_syntax
 from flywheel.models.fastllama import FastRunner, PrefixStore, WeightsCache, unsupported
 from flywheel.models.hf import load_hf, resolve_device, resolve_dtype
 from flywheel.models.loading import load_draft, torch_model_dir
@@ -224,6 +224,12 @@ class TorchEngine:
         self.spec_stats = dict.fromkeys(("target_steps", "proposed", "accepted", "tokens"), 0)
 
     # -- public
+
+    @property
+    def native_tools(self) -> bool:
+        """Whether the model has a tool-call syntax of its own (its chat template defines one): then the
+        harness's `auto` action format offers it tools natively, in that syntax."""
+        return tokenizer_syntax(self.tokenizer) is not None
 
     @property
     def path(self) -> str:
