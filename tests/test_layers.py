@@ -1,6 +1,6 @@
 """Imports run only downward through the layers; `python tests/test_layers.py` prints them.
 
-    __main__ → cli, demo → eval, rl, sft, fusion, solve, report → loop, serve, rubric → harness
+    __main__ → cli, demo → eval, rl, sft, fusion, solve, review, report → loop, serve, rubric → harness
              → models, verify → tasks, sandbox, sync, actions
              → protocols, record, registry, errors, seeding, progress, files, settings
 
@@ -25,7 +25,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "flywheel"
 LAYERS = [
     {"__main__"},
     {"cli", "demo"},
-    {"eval", "rl", "sft", "fusion", "solve", "report"},
+    {"eval", "rl", "sft", "fusion", "solve", "review", "report"},
     {"loop", "serve", "rubric"},
     {"harness"},
     {"models", "verify"},

@@ -12,7 +12,8 @@ from flywheel.cli import main
 from flywheel.models import MODELS
 from flywheel.protocols import Completion
 from flywheel.record import read_trajectories
-from flywheel.solve import find_test_command, snapshot
+from flywheel.solve import diff_stat, find_test_command, snapshot
+from flywheel.solve.output import commit_message, subject
 from local_wheels import make_wheel
 
 BUGGY = "def add(a, b):\n    return a - b\n"
@@ -309,3 +310,203 @@ def test_a_bad_environment_is_one_line_and_exit_2(needy, tmp_path, use_model, ca
     code = solve("--repo", needy, "--model", spec, *(a.format(tmp=tmp_path) for a in args), "make shout loud")
     assert code == 2
     one_line_error(capsys, fragment.format(tmp=tmp_path))
+
+
+# ------------------------------------------------------------------------------------------ --branch
+
+SAID = "The sum was a difference; add now adds.\n" + FIX
+BRANCH_PLAN = [FIX, "<run_tests/>", "The sum was a difference; add now adds.\n<submit/>"]
+
+
+def git_out(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+def checkout_state(repo):
+    """What the user has: HEAD, the index's entries, the status and the working tree's files."""
+    files = {
+        p.relative_to(repo).as_posix(): p.read_bytes()
+        for p in repo.rglob("*")
+        if p.is_file() and ".git" not in p.relative_to(repo).parts
+    }
+    index = (repo / ".git" / "index").read_bytes()  # before any command of ours could refresh it
+    return (
+        index,
+        git_out(repo, "rev-parse", "HEAD"),
+        git_out(repo, "ls-files", "--stage"),
+        git_out(repo, "--no-optional-locks", "status", "--porcelain"),
+        files,
+    )
+
+
+@pytest.fixture
+def identity(monkeypatch):
+    for who in ("AUTHOR", "COMMITTER"):
+        monkeypatch.setenv(f"GIT_{who}_NAME", "Flywheel Test")
+        monkeypatch.setenv(f"GIT_{who}_EMAIL", "test@example.invalid")
+
+
+def test_branch_commits_the_diff_and_leaves_the_checkout_as_it_was(
+    repo, tmp_path, use_model, identity, capsys
+):
+    before = checkout_state(repo)
+    out = tmp_path / "run"
+    spec = use_model("plan", PlanModel(BRANCH_PLAN))
+    assert solve("--repo", repo, "--model", spec, "--branch", "fix-add", "--out", out, "fix add") == 0
+    captured = capsys.readouterr()
+    assert checkout_state(repo) == before  # HEAD, index (byte for byte), status and files
+    head = before[1].strip()
+    assert git_out(repo, "rev-parse", "fix-add^").strip() == head
+    branch_diff = git_out(repo, "diff", head, "fix-add").splitlines(keepends=True)
+    assert "".join(branch_diff[2:]) == captured.out  # exactly the diff (after git's `diff`, `index` lines)
+    assert git_out(repo, "show", "fix-add:calc.py") == FIXED
+    assert (
+        git_out(repo, "log", "-1", "--format=%B", "fix-add").strip()
+        == "The sum was a difference; add now adds."
+    )
+    commit = git_out(repo, "rev-parse", "fix-add").strip()
+    assert f"committed {commit[:12]} on the new branch fix-add" in captured.err
+    pr = (out / "PR.md").read_text()
+    for part in (
+        "# fix add",
+        f"Branch `fix-add`, commit `{commit}` (parent `{head}`)",
+        "## Summary\n\nThe sum was a difference; add now adds.",
+        " calc.py | ",
+        "1 file(s) changed, 1 insertion(s)(+), 1 deletion(s)(-)",
+        "- before the change: failed (1 failed)\n  - `FAILED tests/test_calc.py::test_add`\n",
+        "- after the change: passed (1 passed)\n",
+        "- the agent ran the tests 1 time(s)",
+        "- model: plan (effort medium); ending: submitted",
+        "- turns: 3; tokens: 150 prompt, 30 completion",
+    ):
+        assert part in pr, (part, pr)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["branch"] == {"name": "fix-add", "commit": commit, "parent": head, "uncommitted": False}
+    assert summary["tests"]["first_run"]["passed"] is False and summary["tokens"]["prompt"] == 150
+
+
+def test_the_agent_works_on_heads_tree_and_the_default_name_comes_from_the_instruction(
+    repo, tmp_path, use_model, identity, capsys
+):
+    (repo / "stray.txt").write_text("untracked: neither refused nor seen\n")
+    subprocess.run(["git", "-C", repo, "branch", "flywheel/fix-the-add-function"], check=True)
+    spec = use_model("look", PlanModel(["<shell>ls -a</shell>", FIX, "<submit/>"]))
+    out = tmp_path / "run"
+    assert (
+        solve("--repo", repo, "--model", spec, "--branch", "auto", "--out", out, "Fix the add() function!")
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert "on the new branch flywheel/fix-the-add-function-2" in err  # the first free name
+    assert git_out(repo, "show", "flywheel/fix-the-add-function-2:calc.py") == FIXED
+    message = git_out(repo, "log", "-1", "--format=%B", "flywheel/fix-the-add-function-2").strip()
+    assert message == "Fix the add() function!"  # the agent said nothing besides its actions
+    [record] = read_trajectories(out / "trajectories.jsonl")
+    listing = next(t["text"] for t in record.turns if t.get("name") == "shell").split()
+    assert (
+        "calc.py" in listing and "tests" in listing and "stray.txt" not in listing and ".git" not in listing
+    )
+
+
+def test_uncommitted_changes_are_refused_unless_included(repo, tmp_path, use_model, identity, capsys):
+    (repo / "calc.py").write_text(BUGGY + "\n\ndef mul(a, b):\n    return a * b\n")
+    (repo / "notes.txt").write_text("untracked\n")
+    (repo / ".gitignore").write_text("secret.txt\n")
+    (repo / "secret.txt").write_text("ignored\n")
+    spec = use_model("plan", PlanModel(BRANCH_PLAN))
+    assert solve("--repo", repo, "--model", spec, "--branch", "b", "fix add") == 2
+    one_line_error(capsys, "uncommitted change(s)")
+    before = checkout_state(repo)
+    args = ("--repo", repo, "--model", spec, "--branch", "b", "--include-uncommitted", "fix add")
+    assert solve(*args) == 0
+    patch = capsys.readouterr().out
+    assert checkout_state(repo) == before
+    assert git_out(repo, "show", "b:calc.py") == FIXED + "\n\ndef mul(a, b):\n    return a * b\n"
+    assert git_out(repo, "show", "b:notes.txt") == "untracked\n"
+    tracked = git_out(repo, "ls-tree", "-r", "--name-only", "b").split()
+    assert "secret.txt" not in tracked and ".gitignore" in tracked
+    assert "notes.txt" not in patch and "+def mul" not in patch  # the patch is the agent's change alone
+
+
+def test_apply_with_branch_commits_and_also_changes_the_working_tree(repo, use_model, identity, capsys):
+    spec = use_model("plan", PlanModel(BRANCH_PLAN))
+    assert solve("--repo", repo, "--model", spec, "--branch", "b", "--apply", "fix add") == 0
+    assert (repo / "calc.py").read_text() == FIXED and git_out(repo, "show", "b:calc.py") == FIXED
+    assert git_out(repo, "rev-parse", "--abbrev-ref", "HEAD").strip() != "b"  # not checked out
+
+
+def test_no_change_makes_no_branch(repo, use_model, identity, capsys):
+    spec = use_model("idle", PlanModel(["<submit/>"]))
+    assert solve("--repo", repo, "--model", spec, "--branch", "b", "look around") == 0
+    assert "no change: no branch was made" in capsys.readouterr().err
+    assert git_out(repo, "branch", "--list", "b") == ""
+
+
+def test_a_branch_taken_during_the_run_is_one_line_and_the_run_is_saved(
+    repo, tmp_path, use_model, identity, capsys
+):
+    take = lambda: subprocess.run(["git", "-C", repo, "branch", "b"], check=True)  # noqa: E731
+    out = tmp_path / "run"
+    spec = use_model("plan", PlanModel(BRANCH_PLAN, before_turn={2: take}))
+    assert solve("--repo", repo, "--model", spec, "--branch", "b", "--out", out, "fix add") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "branch b not created" in err[-1] and "the run is saved" in err[-1]
+    assert git_out(repo, "rev-parse", "b") == git_out(repo, "rev-parse", "HEAD")  # the other one's branch
+    assert "Branch `" not in (out / "PR.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "setup,args,fragment",
+    [
+        ("rm -rf .git", ["--branch", "b"], "not a git repository"),
+        ("mkdir sub && touch sub/x", ["--branch", "b", "--repo-sub"], "needs the repository's top level"),
+        ("git branch taken", ["--branch", "taken"], "--branch taken: the branch exists"),
+        ("", ["--branch", "bad..name"], "not a valid branch name"),
+        ("", ["--include-uncommitted"], "--include-uncommitted goes with --branch"),
+        ("git checkout -q --orphan fresh && git rm -rqf --cached .", ["--branch", "b"], "no commit yet"),
+    ],
+)
+def test_bad_branch_input_is_one_line_and_exit_2(repo, use_model, identity, capsys, setup, args, fragment):
+    if setup:
+        subprocess.run(setup, shell=True, cwd=repo, check=True)
+    where = repo / "sub" if "--repo-sub" in args else repo
+    args = [a for a in args if a != "--repo-sub"]
+    spec = use_model("plan", PlanModel(BRANCH_PLAN))
+    assert solve("--repo", where, "--model", spec, *args, "fix add") == 2
+    one_line_error(capsys, fragment)
+
+
+def test_the_branch_solve_makes_is_what_review_reads(repo, tmp_path, use_model, identity, capsys):
+    """The workflow end to end: solve commits a branch, review runs its tests before and after and approves."""
+    spec = use_model("plan", PlanModel(BRANCH_PLAN))
+    assert solve("--repo", repo, "--model", spec, "--branch", "fix-add", "fix add") == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["review", "--repo", str(repo), "--branch", "fix-add", "--model", "scripted-reviewer", "--json"])
+    assert exit_.value.code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["decision"] == "approve" and data["tests"]["fixed"] == ["tests/test_calc.py::test_add"]
+    assert data["reviewer"]["decision"] == "approve" and data["reviewer"]["scripted"] is True
+
+
+def test_titles_and_commit_messages_keep_a_short_subject():
+    long = "Calling `deposit('bob', 0)` is supposed to fail with ValueError; it silently succeeds. See ledger.py."
+    assert subject(long) == "Calling `deposit('bob', 0)` is supposed to fail with ValueError"
+    assert commit_message(long) == f"{subject(long)}\n\n{long}"
+    assert commit_message("  fix add\n\nbecause  ") == "fix add\n\nbecause"
+    assert subject("word " * 30) == "word " * 13 + "word…" and len(subject("word " * 30)) <= 72
+
+
+def test_the_diff_stat_counts_each_files_lines():
+    patch = (
+        "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,3 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
+        "+# done\n--- /dev/null\n+++ b/new.py\n@@ -0,0 +1 @@\n+x = 1\n--- a/old.py\n+++ /dev/null\n"
+        "@@ -1 +0,0 @@\n-y = 2\n"
+    )
+    assert diff_stat(patch).splitlines() == [
+        " calc.py |   3 ++-",
+        " new.py  |   1 +",
+        " old.py  |   1 -",
+        " 3 file(s) changed, 3 insertion(s)(+), 2 deletion(s)(-)",
+    ]
+    assert diff_stat("") == "no change"

@@ -25,7 +25,7 @@ app = typer.Typer(
 
 def _register() -> None:
     # The command modules import their packages inside each command, so `flywheel --help` stays fast.
-    from flywheel.cli import delta, grade, report, sandbox, serve, solve, tasks, train
+    from flywheel.cli import delta, grade, report, review, sandbox, serve, solve, tasks, train
     from flywheel.cli import eval as eval_cli
 
     app.add_typer(tasks.app, name="tasks")
@@ -39,6 +39,7 @@ def _register() -> None:
     app.command("train")(train.train)
     app.command("report")(report.report)
     app.command("solve")(solve.solve)
+    app.command("review")(review.review)
 
 
 def fail(message: str) -> None:

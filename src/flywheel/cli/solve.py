@@ -2,7 +2,9 @@
 
 The work is `flywheel.solve`'s: the agent works on a copy without `.git`, in the environment the
 repository declares (built once, then reused; `--no-env`: the project's own Python), and the repository
-changes only with `--apply` and only when the whole patch applies. Progress and the report go to stderr.
+changes only with `--apply` and only when the whole patch applies. `--branch` commits the diff on a new
+branch from HEAD without touching HEAD, the index or the working tree (`flywheel.solve.git`). Progress and
+the report go to stderr.
 """
 
 from __future__ import annotations
@@ -38,11 +40,30 @@ def solve(
         help="Run on flywheel's own Python instead of building the environment the repository declares.",
     ),
     apply: bool = typer.Option(
-        False, "--apply", help="Apply the patch to the repository if all of it applies."
+        False,
+        "--apply",
+        help="Apply the patch to the repository's working tree if all of it applies (with --branch too: "
+        "the branch is committed and the working tree also gets the patch; the branch is not checked out).",
+    ),
+    branch: str = typer.Option(
+        None,
+        "--branch",
+        help="Commit the diff on this new branch from HEAD (a git repository's top level; 'auto': "
+        "flywheel/<words of the instruction>). The agent works on HEAD's tree; HEAD, the index and the "
+        "working tree are left as they are. A checkout whose tracked files have uncommitted changes is refused.",
+    ),
+    include_uncommitted: bool = typer.Option(
+        False,
+        "--include-uncommitted",
+        help="With --branch: the agent works on the working tree as `git add -A` would stage it (ignored "
+        "files left out), and the branch holds those uncommitted changes plus the agent's, in one commit.",
     ),
     patch_out: Path = typer.Option(None, "--patch-out", help="Write the patch here instead of stdout."),
     out: Path = typer.Option(
-        None, "--out", help="Run directory (new or empty): trajectories.jsonl, summary.json, patch.diff."
+        None,
+        "--out",
+        help="Run directory (new or empty): trajectories.jsonl, summary.json, patch.diff and PR.md (the "
+        "instruction, the agent's summary, the diff stat, the tests before and after, turns, tokens, cost).",
     ),
     base_url: str = typer.Option(None, "--base-url", help="Server URL for openai:NAME models."),
     action_format: str = typer.Option(
@@ -65,20 +86,15 @@ def solve(
     from flywheel.cli.policy import check_roles, load_policy
     from flywheel.fusion import Fusion
     from flywheel.harness import get_effort
-    from flywheel.solve import (
-        apply_to_repo,
-        check_inputs,
-        closing_lines,
-        refuse_scripted,
-        repo_environment,
-        write_outputs,
-    )
+    from flywheel.solve import apply_to_repo, check_inputs, deliver, refuse_scripted, repo_environment
     from flywheel.solve import solve as solve_repo
+    from flywheel.solve.git import branch_plan
 
     check_roles(model, lead, sidekick)
     get_effort(effort)
     check_inputs(repo, instruction, out)
     refuse_scripted(model=model, lead=lead, sidekick=sidekick)
+    plan = branch_plan(repo, branch, include_uncommitted, instruction)
     environment = repo_environment(repo, requirements, use_env=not no_env)
     engine = {"draft": draft} if draft else None
     if draft:
@@ -87,12 +103,12 @@ def solve(
     runner = Fusion(*load_policy(sidekick, base_url, seed, temperature, 1.0, 1)).rollout if sidekick else None
     result = solve_repo(
         repo, instruction, policy, effort=effort, test_command=test_command, cfg=cfg, runner=runner,
-        environment=environment, log=lambda line: typer.echo(line, err=True),
+        environment=environment, base=plan[0] if plan else None, log=lambda line: typer.echo(line, err=True),
     )  # fmt: skip
-    write_outputs(result, out, patch_out, {"repo": str(repo.resolve()), "instruction": instruction})
     if patch_out is None and result.patch:
         typer.echo(result.patch, nl=False)
-    for line in closing_lines(result, out, patch_out):
+    about = {"repo": str(repo.resolve()), "instruction": instruction}
+    for line in deliver(result, repo, about, out, patch_out, plan):
         typer.echo(line, err=True)
     if apply and result.patch:
         try:

@@ -1,11 +1,13 @@
 """The attempt of `solve`: one harness episode on the snapshot (`solve`), its diff, and where the tests
-stand (`test_grader` runs the test command once more on a copy of the final workspace; it judges nothing).
+stood and stand (`test_grader` runs the test command on a copy of the snapshot before the agent starts and
+on a copy of the final workspace after; it judges nothing), and the agent's last words (`last_message`).
 The repository's environment is built (or found built) before the agent starts, and the agent's commands
 and the test runs use it.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -21,6 +23,7 @@ from flywheel.record import Trajectory
 from flywheel.sandbox import get_sandbox
 from flywheel.sandbox.envs import ensure
 from flywheel.sandbox.workspaces import temporary_workspace
+from flywheel.solve.git import Base, checkout_base
 from flywheel.solve.inputs import SKIP, check_inputs, find_test_command, snapshot, solve_task
 from flywheel.tasks.format import Task
 from flywheel.tasks.patch import make_patch, read_tree
@@ -35,7 +38,8 @@ class SolveResult:
     patch: str  # a unified diff against the repository (empty: nothing changed)
     record: Trajectory
     test_command: str | None  # None: no test command was found or given
-    tests: dict[str, Any] = field(default_factory=dict)  # last_run (the final run), agent_runs, agent_last
+    # first_run (before the agent), last_run (the final run), agent_runs, agent_last
+    tests: dict[str, Any] = field(default_factory=dict)
     environment: Environment = Environment()  # what the agent's commands and the test runs ran in
 
     def summary(self) -> dict[str, Any]:
@@ -47,6 +51,7 @@ class SolveResult:
             "ending": r.ending,
             "error": r.error,
             "turns": r.n_turns,
+            "tokens": {"prompt": r.prompt_tokens, "completion": r.completion_tokens},
             "cost": r.cost,
             "wall_s": r.wall_s,
             "files_changed": changed_files(self.patch),
@@ -105,12 +110,15 @@ def solve(
     sandbox: Sandbox | None = None,
     runner: Runner | None = None,
     environment: Environment = Environment(),
+    base: Base | None = None,
     log: Callable[[str], None] = lambda line: None,
 ) -> SolveResult:
     """One attempt by `model` (or, with `runner`, e.g. Fusion's lead) at `instruction` on a snapshot of
-    `repo`; `repo` is not touched. `test_command` None: `find_test_command`'s guess. `environment` (see
-    `repo_environment`; default: the project's own Python) is built first if it is not, with a line to
-    `log`; a build that fails is an `EnvironmentBuildError` before the agent starts."""
+    `repo` (its working tree; with `base`, that git tree: see `flywheel.solve.git`); `repo` is not
+    touched. `test_command` None: `find_test_command`'s guess. `environment` (see `repo_environment`;
+    default: the project's own Python) is built first if it is not, with a line to `log`; a build that
+    fails is an `EnvironmentBuildError` before the agent starts. The test command runs on the snapshot
+    before the agent starts, and once more on its final workspace."""
     repo = Path(repo)
     check_inputs(repo, instruction, None)
     level = get_effort(effort)
@@ -119,18 +127,23 @@ def solve(
     cfg = replace(cfg or HarnessConfig(), keep_workspaces=True)
     ensure(environment, label=str(repo), on_build=lambda message: log(f"solve: {message}"))
     with temporary_workspace("solve-") as tmp:
-        snapshot(repo, tmp / "repo")
+        if base is None:
+            snapshot(repo, tmp / "repo")
+        else:
+            checkout_base(base, tmp / "repo")
         timeout_s = max(cfg.command_timeout_s, 60.0)
         task = solve_task(tmp, instruction, test_command, timeout_s=timeout_s, environment=environment)
         log(f"solve: {len(read_tree(task.repo))} files copied; tests: {test_command or 'none'}")
         log(f"solve: environment: {_describe(environment)}")
         log(f"solve: {model.name} at effort {effort}")
         grader = test_grader(sandbox, test_command, task.timeout_s, environment)
+        first = grader(task, task.repo, {}) if test_command is not None else None
         run = runner or rollout
         [record] = run(model, [EpisodeSpec(task, level)], cfg, concurrency=1, sandbox=sandbox, grader=grader)
         patch = _diff(task.repo, record.workspace)
     record.workspace = None  # deleted with the snapshot
-    return SolveResult(patch, record, test_command, _test_report(record, test_command), environment)
+    tests = _test_report(record, test_command, first)
+    return SolveResult(patch, record, test_command, tests, environment)
 
 
 def _describe(environment: Environment) -> str:
@@ -160,14 +173,16 @@ def _text_tree(root: Path) -> dict[str, str]:
     }
 
 
-def _test_report(record: Trajectory, test_command: str | None) -> dict[str, Any]:
-    """The agent's own test runs (how many, the last output) and the final run's result."""
+def _test_report(record: Trajectory, test_command: str | None, first: Verdict | None) -> dict[str, Any]:
+    """The run before the agent started, the agent's own test runs (how many, the last output) and the
+    final run's result."""
     runs = [t for t in record.turns if t["role"] == "tool" and t.get("name") == "run_tests"]
     v = record.verdict
     last = None
     if v is not None and test_command is not None:
         last = {"passed": v.success, "output": v.error}
     return {
+        "first_run": None if first is None else {"passed": first.success, "output": first.error},
         "agent_runs": len(runs),
         "agent_last": _tail(runs[-1]["text"], REPORT_CHARS) if runs else None,
         "last_run": last,
@@ -176,6 +191,21 @@ def _test_report(record: Trajectory, test_command: str | None) -> dict[str, Any]
 
 def _tail(text: str, limit: int) -> str:
     return text if len(text) <= limit else f"[...]\n{text[-limit:]}"
+
+
+ACTION = re.compile(r"<(?:shell|edit|view|run_tests|submit|delegate)\b", re.S)
+
+
+def last_message(record: Trajectory) -> str:
+    """The agent's last words: the text of its last turn that says something besides its action (a
+    tagged action and what follows it left out; summaries of its working state skipped); "" if none."""
+    for turn in reversed(record.turns):
+        if turn["role"] != "assistant" or turn.get("summary"):
+            continue
+        text = ACTION.split(turn.get("text") or "", maxsplit=1)[0].strip()
+        if text:
+            return text
+    return ""
 
 
 def changed_files(patch: str) -> list[str]:
