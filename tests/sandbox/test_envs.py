@@ -276,4 +276,6 @@ def test_an_environment_builds_from_the_package_registry(tmp_path, monkeypatch):
     built = ensure(env, label="registry")
     assert built is not None and "six==1.16.0" in (built.path / "flywheel-env.json").read_text()
     code = "import six; print(six.__version__)"
-    assert get_sandbox().run(_ws(tmp_path), ["python", "-c", code], environment=env).output.strip() == "1.16.0"
+    assert (
+        get_sandbox().run(_ws(tmp_path), ["python", "-c", code], environment=env).output.strip() == "1.16.0"
+    )
