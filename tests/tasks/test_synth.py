@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from flywheel.protocols import Environment
 from flywheel.sandbox import get_sandbox
 from flywheel.tasks import load_suite
 from flywheel.tasks.mutate import KINDS, Mutant
@@ -23,9 +24,10 @@ from flywheel.tasks.synth import (
     classify,
     is_test_file,
     source_files,
+    synthesize,
 )
 from flywheel.verify.qa import validate_task
-from flywheel.verify.synth_check import run_suite
+from flywheel.verify.synth_check import run_suite, suite_runner
 
 CALC = '''"""A tiny numeric helper module."""
 
@@ -233,6 +235,89 @@ def test_synth_refuses_bad_input(tmp_path):
     (tmp_path / "empty").mkdir()
     r = flywheel("tasks", "synth", "--from-dir", tmp_path / "empty", "--out", tmp_path / "o")
     assert r.returncode == 2 and "no Python modules" in r.stderr and "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------ a project whose tests need its environment
+
+SHOUT = """from greetlib import greet
+
+
+def shout(name):
+    return greet(name).upper() + "!"
+
+
+def initials(names):
+    out = ""
+    for name in names:
+        out = out + name[0]
+    return out
+"""
+SHOUT_TESTS = """from shout import initials, shout
+
+
+def test_shout():
+    assert shout("bob") == "HELLO BOB!"
+
+
+def test_initials():
+    assert initials(["ada", "bob"]) == "ab"
+
+
+def test_no_initials():
+    assert initials([]) == ""
+"""
+GREETLIB = Environment(requirements=("greetlib==1.0",))
+
+
+def write_shout(root: Path) -> Path:
+    (root / "tests").mkdir(parents=True)
+    (root / "shout.py").write_text(SHOUT)
+    (root / "tests" / "test_shout.py").write_text(SHOUT_TESTS)
+    return root
+
+
+def test_synthesis_in_an_environment_writes_it_into_every_task(offline_envs, tmp_path):
+    src = write_shout(tmp_path / "shout")
+    out = tmp_path / "out"
+    with pytest.raises(Exception, match="no test of the project's suite passes"):  # greetlib: not here
+        synthesize(src, tmp_path / "none", run_suite=suite_runner(get_sandbox()), max_tasks=1)
+    report = synthesize(
+        src,
+        out,
+        run_suite=suite_runner(get_sandbox(), GREETLIB),
+        max_tasks=2,
+        timeout_s=120,
+        environment=GREETLIB,
+        split="heldout",
+    )
+    assert report.kept == 2 and report.baseline_passing == 3
+    tasks = load_suite(out)
+    assert [t.meta["split"] for t in tasks] == ["heldout", "heldout"]
+    assert all(t.environment == GREETLIB for t in tasks)
+    assert '[environment]\nrequirements = ["greetlib==1.0"]' in (tasks[0].root / "task.toml").read_text()
+    qa = validate_task(tasks[0], k=1, n_mutants=0)
+    assert qa.reference_passes == 1 and qa.unmodified_fails and qa.fail_to_pass_fail_before, qa.reasons
+
+
+def test_synth_command_takes_requirements_and_a_split(offline_envs, tmp_path):
+    src = write_shout(tmp_path / "shout")
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text("# what the tests import\ngreetlib==1.0\n")
+    out = tmp_path / "out"
+    r = flywheel(
+        "tasks", "synth", "--from-dir", src, "--out", out, "--max", "1", "--timeout", "120",
+        "--requirements", reqs, "--split", "heldout",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (task,) = load_suite(out)
+    assert task.environment == GREETLIB and task.meta["split"] == "heldout"
+    r = flywheel("tasks", "synth", "--from-dir", src, "--out", out, "--requirements", tmp_path / "nope.txt")
+    assert r.returncode == 2 and "nope.txt: not a file" in r.stderr and "Traceback" not in r.stderr
+    r = flywheel("tasks", "synth", "--from-dir", src, "--out", out, "--python", "2.7.99.1")
+    assert r.returncode == 2 and "'python' must be a version" in r.stderr and "Traceback" not in r.stderr
+    reqs.write_text("greetlib=1.0\n")
+    r = flywheel("tasks", "synth", "--from-dir", src, "--out", out, "--requirements", reqs)
+    assert r.returncode == 2 and "greetlib=1.0" in r.stderr and "Traceback" not in r.stderr
 
 
 # ---------------------------------------------------------------------- real packages from PyPI (slow)

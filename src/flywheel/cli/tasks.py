@@ -14,6 +14,7 @@ from flywheel.errors import FlywheelError
 from flywheel.models import SPECS
 
 if TYPE_CHECKING:
+    from flywheel.protocols import Environment
     from flywheel.tasks import Task
     from flywheel.verify.qa import TaskQA
 
@@ -140,6 +141,15 @@ def synth(
         None, "--name", help="Project name in task ids (default: the directory's name)."
     ),
     jobs: int = typer.Option(2, "--jobs", min=1, help="Candidates evaluated in parallel."),
+    requirements: Path = typer.Option(
+        None,
+        "--requirements",
+        help="A requirements file: the tests run in an environment built from it, and every task carries it.",
+    ),
+    python: str = typer.Option(
+        None, "--python", help="Python version of that environment (X.Y, one this host has)."
+    ),
+    split: str = typer.Option("train", "--split", help="The split every task written takes."),
 ) -> None:
     """Plant bugs in a real project's functions; keep those its tests catch; write them as tasks."""
     from flywheel.progress import progress
@@ -151,6 +161,7 @@ def synth(
         raise FlywheelError(f"{from_dir}: not a directory")
     if out.exists() and not out.is_dir():
         raise FlywheelError(f"{out}: exists and is not a directory")
+    environment = _synth_environment(requirements, python, from_dir.name)
     with progress(f"synth {from_dir.name}", max_tasks) as advance:
         seen = {"evaluated": 0, "kept": 0}
 
@@ -162,13 +173,15 @@ def synth(
         rep = synthesize(
             from_dir,
             out,
-            run_suite=suite_runner(get_sandbox()),
+            run_suite=suite_runner(get_sandbox(), environment),
             max_tasks=max_tasks,
             seed=seed,
             timeout_s=timeout,
             name=name,
             jobs=jobs,
             on_candidate=tick,
+            environment=environment,
+            split=split,
         )
     write_report(rep, out)
     dropped = ", ".join(f"{r} {n}" for r, n in rep.dropped.items() if n) or "none"
@@ -176,6 +189,26 @@ def synth(
         f"{rep.project}: {rep.kept} tasks from {rep.evaluated} candidates evaluated "
         f"(yield {rep.yield_:.2f}; {rep.candidates} proposed); dropped: {dropped}; wrote {out}"
     )
+
+
+def _synth_environment(requirements: Path | None, python: str | None, label: str) -> Environment:
+    """The environment `--requirements`/`--python` ask for, built now (or found built); the default
+    (the project's own Python) when neither is given."""
+    from flywheel.protocols import Environment
+    from flywheel.sandbox.envs import ensure
+    from flywheel.tasks.declared import read_requirements
+    from flywheel.tasks.format import parse_environment
+
+    if requirements is None and python is None:
+        return Environment()
+    if requirements is not None and not requirements.is_file():
+        raise FlywheelError(f"{requirements}: not a file")
+    table: dict[str, Any] = {"requirements": read_requirements(requirements) if requirements else []}
+    if python is not None:
+        table["python"] = python
+    environment = parse_environment(table, "--requirements/--python")
+    ensure(environment, label=label, on_build=lambda message: typer.echo(message, err=True))
+    return environment
 
 
 @app.command("curate")
@@ -251,9 +284,10 @@ def import_(
     ),
 ) -> None:
     """Read another system's tasks into a suite of ours; refuse, naming it, any task we cannot grade."""
+    from flywheel.sandbox.envs import find_python
     from flywheel.tasks.interop import import_tasks
 
-    tasks = import_tasks(fmt, src, out, repos=repos, environment=environment)
+    tasks = import_tasks(fmt, src, out, repos=repos, environment=environment, check_python=find_python)
     typer.echo(f"imported {len(tasks)} tasks from {src} ({fmt}) into {out}")
 
 

@@ -1,7 +1,7 @@
 """Suites by name or by directory: the built-in suites' table, their cache, and `load_suite`.
 
-A suite is either a built-in name (`toybugs`, `toybugs-long`, `humaneval`) or a directory of task
-directories. `SUITES` names each built-in's `Builtin` as a "module:attribute" string, resolved by
+A suite is either a built-in name (`toybugs`, `toybugs-long`, `humaneval`, `pypibugs`) or a directory of
+task directories. `SUITES` names each built-in's `Builtin` as a "module:attribute" string, resolved by
 `flywheel.registry` only when the suite is asked for, so listing the names imports no generator. Built-in
 suites are generated deterministically and materialised once under the cache directory
 (`$FLYWHEEL_CACHE`, else `$XDG_CACHE_HOME/flywheel`, else `~/.cache/flywheel`); later calls reuse them.
@@ -22,6 +22,7 @@ SUITES = {
     "toybugs": "flywheel.tasks.toy.suite:BUILTIN",
     "toybugs-long": "flywheel.tasks.toy.long:BUILTIN",
     "humaneval": "flywheel.tasks.humaneval:BUILTIN",
+    "pypibugs": "flywheel.tasks.pypibugs:BUILTIN",
 }
 DEFAULT_SEED = 0
 

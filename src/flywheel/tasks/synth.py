@@ -23,9 +23,16 @@
    and never a line that contains the mutated or the original statement), so it describes the behaviour
    and not the fix.
 
+**Environment and split.** A project whose tests need more than pytest and the standard library runs in
+an `Environment` (`flywheel.protocols`): the caller builds the checker for it
+(`suite_runner(sandbox, environment)`) and passes the same environment to `synthesize`, which writes it
+into every task's `[environment]` table, so the agent's commands and the grader run in it too. Each task's
+`meta.split` is the caller's `split` ("train" unless told): a suite split by project synthesises each
+project with its own.
+
 What it assumes: the project's tests import it from the repository root (a flat layout, as most sdists
-ship) and need nothing but pytest and the standard library; tests that fail or error at baseline are
-ignored. The run is deterministic in the seed up to the suite's own flakiness.
+ship); tests that fail or error at baseline are ignored. The run is deterministic in the seed up to the
+suite's own flakiness.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
 from flywheel.errors import FlywheelError
+from flywheel.protocols import Environment
 from flywheel.seeding import stable_seed
 from flywheel.tasks.format import task_toml, write_task
 from flywheel.tasks.mutate import KINDS, Mutant, mutants
@@ -144,7 +152,7 @@ class SuiteRun:
 
 
 # (workspace, test paths (empty: the whole suite), seconds allowed) -> the run's outcomes; the sandboxed
-# one is `flywheel.verify.synth_check.suite_runner(sandbox)`
+# one is `flywheel.verify.synth_check.suite_runner(sandbox, environment)`
 SuiteRunner = Callable[[Path, Sequence[str], float], SuiteRun]
 
 
@@ -268,12 +276,15 @@ def synthesize(
     name: str | None = None,
     jobs: int = 2,
     on_candidate: Callable[[str, int], None] | None = None,
+    environment: Environment = Environment(),
+    split: str = "train",
 ) -> SynthReport:
     """Plant bugs in the project at `src` and write up to `max_tasks` task directories into `out`.
 
     `run_suite` is the checker that runs (part of) the suite on a copy of the project
-    (`flywheel.verify.synth_check.suite_runner(sandbox)`); `timeout_s` bounds each candidate's test run
-    (default: 3 × the baseline's time + 5 s).
+    (`flywheel.verify.synth_check.suite_runner(sandbox, environment)`); `timeout_s` bounds each
+    candidate's test run (default: 3 × the baseline's time + 5 s). Every task written carries
+    `environment` (the one `run_suite` runs in) and `split` (its `meta.split`).
     `on_candidate(verdict, kept_so_far)` is called after each evaluated candidate (progress bars).
     """
     start = time.perf_counter()
@@ -317,8 +328,9 @@ def synthesize(
             report.evaluated += 1
             if verdict == "kept":
                 task_id = f"{project}-{report.kept:04d}"
+                kept = _Kept(path, mutant, f2p, still, run)
                 _write_synth_task(
-                    out / task_id, task_id, project, files, path, mutant, f2p, still, run, baseline, seed
+                    out / task_id, task_id, project, files, kept, baseline, seed, environment, split
                 )
                 report.kept += 1
                 report.tasks.append(task_id)
@@ -368,19 +380,29 @@ def _baseline(pristine: Path, run_suite: SuiteRunner, src: Path) -> tuple[int, s
     return len(runs[0].outcomes), passing, runs[0].collect_errors, max(r.wall_s for r in runs)
 
 
+@dataclass(frozen=True)
+class _Kept:
+    """A kept candidate: the mutated module, the mutant, the tests it breaks and keeps, and its run."""
+
+    path: str
+    mutant: Mutant
+    fail_to_pass: list[str]
+    still_passing: list[str]
+    run: SuiteRun
+
+
 def _write_synth_task(
     dest: Path,
     task_id: str,
     project: str,
     files: Mapping[str, str],
-    path: str,
-    mutant: Mutant,
-    f2p: list[str],
-    still: list[str],
-    run: SuiteRun,
+    kept: _Kept,
     baseline_s: float,
     seed: int,
+    environment: Environment,
+    split: str,
 ) -> None:
+    path, mutant, f2p, still, run = kept.path, kept.mutant, kept.fail_to_pass, kept.still_passing, kept.run
     hidden = sorted({t.split("::", 1)[0] for t in f2p})
     p2p = [t for t in still if t.split("::", 1)[0] in hidden]
     rng = random.Random(stable_seed("synth-report", seed, task_id))
@@ -398,13 +420,14 @@ def _write_synth_task(
             ),  # the grader's signed runner is several times slower
             meta={
                 "suite": "synth",
-                "split": "train",
+                "split": split,
                 "project": project,
                 "module": path,
                 "function": mutant.function,
                 "mutation": mutant.kind,
                 "line": mutant.line,
             },
+            environment=environment,
         ),
         repo={**files, path: mutant.source},
         hidden_tests={rel: files[rel] for rel in hidden},
