@@ -279,3 +279,9 @@ def test_an_environment_builds_from_the_package_registry(tmp_path, monkeypatch):
     assert (
         get_sandbox().run(_ws(tmp_path), ["python", "-c", code], environment=env).output.strip() == "1.16.0"
     )
+
+
+def test_an_environments_record_lists_its_packages(offline_envs):
+    built = ensure(Environment(requirements=("greetlib==1.0",)))
+    record = __import__("json").loads((built.path / "flywheel-env.json").read_text())
+    assert "greetlib==1.0" in record["packages"] and any(p.startswith("pytest==") for p in record["packages"])

@@ -271,7 +271,7 @@ def _build(
                 raise EnvironmentBuildError(f"{where}environment not built: {_uv_error(result.output)}")
         listing = sandbox.run(
             ws, [uv, "pip", "list", "--format", "json", "--python", f"{ENV_AT}/bin/python"],
-            limits=BUILD_LIMITS, env=env, extra_ro=ro, extra_rw={dest: Path(ENV_AT)},
+            limits=BUILD_LIMITS, env=env, extra_ro=ro, extra_rw={dest: Path(ENV_AT), uv_cache: Path(UV_CACHE_AT)},
         )  # fmt: skip
     lines = [ln for ln in listing.output.splitlines() if ln.startswith("[")]  # stderr shares the pipe
     try:
