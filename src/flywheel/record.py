@@ -14,7 +14,9 @@ the score the loop writes beside a record it trained on (`flywheel.rubric`).
 An attempt the infrastructure ended (the model server erred, the sandbox or the grader broke) carries its
 cause in `infra_failure` (`INFRA_CAUSES`): it is kept, but it says nothing about the policy, so the trainer
 leaves it out of its group's baseline and advantages and evaluation reports it apart from the success
-rate. Without one, the attempt ended by the policy's own doing (`flywheel.harness.agent` sets both).
+rate. Without one, the attempt ended by the policy's own doing (`flywheel.harness.agent` sets both). The
+training loop retries such an attempt (`[rollout] infra_retries`): the retry is a record of its own, with its
+own id and seed, naming the attempt it replaces (`retry_of`) and its number (`retry`).
 
 A Fusion attempt (`flywheel.fusion`) is the lead's record with the sidekick's episodes nested in
 `sidekick`, each a whole record of its own (model turns with token ids and log-probs where the model is
@@ -37,6 +39,8 @@ REPLAY_KEYS = ("kept", "prompt_ids", "logprobs")  # per-token data only the trai
 OPTIONAL = (
     "infra_failure",
     "pool",
+    "retry_of",
+    "retry",
     "renamed_from",
     "step",
     "rl",
@@ -83,6 +87,8 @@ class Trajectory:
     success: bool = False  # the verdict's success (False without a verdict)
     workspace: str | None = None  # the kept workspace's path (`HarnessConfig.keep_workspaces`)
     pool: str | None = None  # the loop's pool that generated it
+    retry_of: str | None = None  # a retry: the id of the attempt the infrastructure ended that it replaces
+    retry: int | None = None  # a retry: its number (1: the first; at most `[rollout] infra_retries`)
     renamed_from: str | None = None  # for a renamed copy of a task, the original's id
     step: int | None = None  # the trainer step that used it
     rl: dict[str, float] | None = None  # the trainer's score: reward, advantage, cost, lambda, ...

@@ -26,6 +26,12 @@ pool that follows the trainer must report (so `--follow` takes no other); `raw` 
 softmax, as vLLM does by default (its `logprobs_mode`), at the price of one more forward per answer. A
 request chooses for itself with the non-standard field `"logprobs_mode": "raw"` (or `"processed"`).
 
+`--api-key KEY` (or the environment variable `FLYWHEEL_API_KEY`, which keeps the key out of the process
+list) makes every request without `Authorization: Bearer KEY` get 401, except `GET /health`, which then
+answers only `status` and `policy_version` (`flywheel.serve.auth`); an OpenAI client passes it as its
+`api_key`, the loop's `http` backend as `[loop] pool_api_key`. Serving on a host other than loopback
+without a key prints one warning line on stderr.
+
 `--draft SPEC` serves a torch model with exact speculative decoding (`flywheel.models.speculative`):
 `lookup` (the context's own continuations, no model; 1.3-1.45x at batch 1 on agent turns), `layers:N` or
 a model with the same vocabulary. It pays for one client at a time (an agent's session): a lookup draft
@@ -44,6 +50,7 @@ import typer
 from flywheel.errors import FlywheelError
 from flywheel.models import SPECS, get_model, require_torch
 from flywheel.serve import ServerConfig, serve_model
+from flywheel.serve.auth import KEY_ENV, exposure_warning
 
 
 def serve(
@@ -71,13 +78,24 @@ def serve(
         "distribution's, what the trainer replays) or raw (the model's own, as vLLM's default; one more "
         "forward per answer).",
     ),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar=KEY_ENV,
+        show_envvar=True,
+        help="Answer only requests that carry 'Authorization: Bearer KEY' (GET /health answers anyone, with "
+        "its status and weights version only).",
+    ),
 ) -> None:
     """Serve MODEL at http://HOST:PORT/v1 (chat completions, models) until interrupted."""
     opts = {"draft": draft, "draft_tokens": draft_tokens} if draft else {}
     if draft:
         require_torch(model, "--draft")
     config = ServerConfig(
-        batch_window_s=batch_window_ms / 1000, max_batch=max_batch, logprobs_mode=logprobs_mode
+        batch_window_s=batch_window_ms / 1000,
+        max_batch=max_batch,
+        logprobs_mode=logprobs_mode,
+        api_key=api_key,
     )
     if logprobs_mode == "raw":
         _check_raw(model, follow)
@@ -101,6 +119,8 @@ def serve(
         signal.signal(sig, _interrupt)
     try:
         typer.echo(f"serving {server.model_name} at {server.url}")
+        if warning := exposure_warning(host, api_key):
+            typer.echo(warning, err=True)
         for line in _described(policy, server):
             typer.echo(line, err=True)
         while thread.is_alive():

@@ -66,6 +66,8 @@ class LoopConfig:
     pool_urls: list[str] = field(
         default_factory=list
     )  # http: the servers' base URLs (…/v1); pools = their count
+    # http: the key the servers were started with (flywheel serve --api-key); "": $FLYWHEEL_API_KEY, else none
+    pool_api_key: str = field(default="", repr=False)
     pool_batch: int = 4  # work items a pool runs together (its run_episodes concurrency)
     max_staleness: int = 1  # k: a record generated at version v is used at trainer version <= v + k
     sync: bool = False  # synchronous schedule: round r is generated at exactly version r (forces k = 0)
@@ -92,6 +94,7 @@ class LoopConfig:
     concurrency: int = run_field(0)  # episodes an inline batch steps together (0: the whole round)
     deterministic: bool = run_field(False)  # sync schedule, one item per pool batch: equal metrics on rerun
     seed: int = run_field(0)  # seeds of the work items (episode seeds derive from the trajectory ids)
+    infra_retries: int = run_field(1)  # retries of an attempt the infrastructure ended (`dispatch.RETRIED`)
     max_context: int | None = run_field(None)  # engine context limit (None: the model's)
     max_minutes: float = run_field(0.0)  # wall-time budget: no step starts that would end past it (0: none)
     checkpoint_every: int = run_field(1)  # checkpoint every N versions (and the last); > 1 only inline
@@ -144,6 +147,8 @@ def check_config(cfg: LoopConfig) -> None:
     for name in positive:
         if int(getattr(cfg, name)) < 1:
             raise FlywheelError(f"loop: `{name}` must be at least 1, got {getattr(cfg, name)}")
+    if cfg.infra_retries < 0:
+        raise FlywheelError(f"loop: `infra_retries` must be >= 0, got {cfg.infra_retries}")
     if cfg.max_staleness < 0:
         raise FlywheelError(f"loop: `max_staleness` must be >= 0, got {cfg.max_staleness}")
     if not cfg.efforts:

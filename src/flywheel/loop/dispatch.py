@@ -13,6 +13,18 @@ a pool is lost its leased items go back to the front of the queue (reissued, cou
 longer than the lease time. A round is complete when every one of its items is completed; the trainer
 takes rounds in order.
 
+Retries (`infra_retries`, `[rollout] infra_retries`). A record the infrastructure ended (`infra_failure` in
+`RETRIED`: the model server, the sandbox, the grader) completes its item like any other, and, while the
+item's slot has retries left, the dispatcher issues a retry at the front of the queue (`retry_item`): the
+same task, effort, index and round, its own seed (the failed attempt's plus `RETRY_SEED_STEP`, so it draws
+other random numbers) and its own id (`.../s<seed>/<index>/retry<n>`, the harness's episode id with the
+variant `retry<n>`). The retry joins the round right after the attempt it replaces, so the round waits for
+it and a round's records keep one order whatever the order they arrive in. The round then holds both: the
+failed attempt, which the trainer masks (it leaves the group's baseline and gets no advantage), and its
+retry, which takes its place in the same (task, effort) group. A slot whose last retry fails too trains
+with what it has. A pool lost with work in hand is not an attempt's failure: its leases are reissued
+under the same ids, as above.
+
 Staleness (`split_fresh`): a record generated at policy version v may be used at trainer version t only
 when t - v <= k; older ones are dropped and counted. The truncated importance weight in the trainer's
 loss corrects the remaining lag.
@@ -23,7 +35,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from flywheel.record import Trajectory
 from flywheel.tasks.format import Task
@@ -40,11 +52,31 @@ class WorkItem:
     index: int  # sample number within the group
     round: int
     min_version: int = 0  # weights a pool should hold before generating it (older: waits, then serves)
+    retry: int = 0  # 0: a first attempt; n: the n-th retry of its slot (`retry_item`)
+    retry_of: str | None = None  # a retry: the id of the failed attempt it replaces
+
+    @property
+    def variant(self) -> str:
+        """The harness's `EpisodeSpec.variant` for this item: `retry<n>` for a retry, else none."""
+        return f"retry{self.retry}" if self.retry else ""
 
 
-def item_id(task_id: str, effort: str, seed: int, index: int) -> str:
-    """The harness's episode id for these coordinates (`flywheel.harness.EpisodeSpec.id`)."""
-    return f"{task_id}/{effort}/s{seed}/{index}"
+RETRIED = ("model_server", "sandbox", "grader")  # the `infra_failure` causes an attempt is retried for
+RETRY_SEED_STEP = 1 << 31  # a retry's seed is the failed attempt's plus this (`flywheel train`'s are below)
+
+
+def item_id(task_id: str, effort: str, seed: int, index: int, retry: int = 0) -> str:
+    """The harness's episode id for these coordinates (`flywheel.harness.EpisodeSpec.id`); a retry's adds
+    its variant `retry<n>`."""
+    base = f"{task_id}/{effort}/s{seed}/{index}"
+    return f"{base}/retry{retry}" if retry else base
+
+
+def retry_item(item: WorkItem) -> WorkItem:
+    """The next attempt at `item`'s slot, after the infrastructure ended `item`: its own seed and id."""
+    n, seed = item.retry + 1, item.seed + RETRY_SEED_STEP
+    new_id = item_id(item.task.id, item.effort, seed, item.index, n)
+    return replace(item, id=new_id, seed=seed, retry=n, retry_of=item.id)
 
 
 def round_items(
@@ -105,11 +137,15 @@ class Dispatcher:
     consumed: set[str] = field(default_factory=set)
     duplicates: int = 0
     reissued: int = 0
+    infra_retries: int = 0  # retries per slot of an attempt the infrastructure ended (module docstring)
+    issued: dict[str, WorkItem] = field(default_factory=dict)  # item id -> the item, until consumed
+    retries: dict[str, WorkItem] = field(default_factory=dict)  # failed attempt's id -> its retry
 
     def release(self, items: Sequence[WorkItem]) -> None:
         for it in items:
             self.rounds.setdefault(it.round, []).append(it.id)
             self.round_of[it.id] = it.round
+            self.issued[it.id] = it
             self.queue.append(it)
 
     def take(self, pool: str, n: int, now: float | None = None) -> list[WorkItem]:
@@ -124,7 +160,8 @@ class Dispatcher:
         return out
 
     def complete(self, record: Trajectory) -> bool:
-        """Accept a record once; False (and counted) for a duplicate or an id never issued."""
+        """Accept a record once; False (and counted) for a duplicate or an id never issued. A record the
+        infrastructure ended, with retries left for its slot, issues its retry (`retries`)."""
         rid = record.id
         known = rid in self.round_of and self.round_of[rid] in self.rounds
         if not known or rid in self.done or rid in self.consumed:
@@ -132,7 +169,19 @@ class Dispatcher:
             return False
         self.leases.pop(rid, None)
         self.done[rid] = record
+        item = self.issued[rid]
+        if record.infra_failure in RETRIED and item.retry < self.infra_retries:
+            self._retry(item)
         return True
+
+    def _retry(self, item: WorkItem) -> None:
+        """Issue the retry of `item` first in the queue, placed in its round right after `item`."""
+        again = retry_item(item)
+        ids = self.rounds[item.round]
+        ids.insert(ids.index(item.id) + 1, again.id)
+        self.round_of[again.id] = item.round
+        self.issued[again.id] = self.retries[item.id] = again
+        self.queue.appendleft(again)
 
     def lost(self, pool: str) -> list[WorkItem]:
         """Put the items leased to `pool` back at the front of the queue; returns them."""
@@ -161,4 +210,7 @@ class Dispatcher:
         """The round's records in issue order; their ids become consumed (later answers are duplicates)."""
         ids = self.rounds.pop(round_no)
         self.consumed.update(ids)
+        for i in ids:
+            self.issued.pop(i, None)
+            self.retries.pop(i, None)
         return [self.done.pop(i) for i in ids]

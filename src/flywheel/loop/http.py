@@ -27,6 +27,11 @@ it finished are kept (a turn it failed is an infrastructure failure, masked in t
 restart waits up to `START_WAIT_S` for it to answer again (restarting the server is the operator's, or a
 supervisor's, job).
 
+Keys. Servers started with a key (`flywheel serve --api-key KEY`, or `FLYWHEEL_API_KEY`) answer only
+requests that carry it: the backend sends `[loop] pool_api_key` (or, when that is empty, the driver's
+`FLYWHEEL_API_KEY`) as the bearer key on every completion and health poll, and refuses at start, in one
+line, a server that turns the key away (401) rather than let every turn fail. One key serves all pools.
+
 What is not covered: servers that report no version (vLLM and SGLang as they ship: see the README), and
 more than one store (every pool must follow `store`; the backend cannot check which store a server reads).
 """
@@ -34,10 +39,12 @@ more than one store (every pool must follow `store`; the backend cannot check wh
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
 import traceback
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -53,6 +60,12 @@ Event = tuple[str, str, Any]
 HEALTH_TIMEOUT_S = 5.0  # one health request
 POLL_S = 0.2  # how often a pool waiting for a version asks its server
 DOWN_S = 10.0  # a server that does not answer for this long is lost
+KEY_ENV = "FLYWHEEL_API_KEY"  # the servers' key when `pool_api_key` is empty (flywheel serve reads it too)
+
+
+def pool_key(configured: str) -> str | None:
+    """The key to send the servers: the run config's, else `FLYWHEEL_API_KEY`'s, else none."""
+    return configured or os.environ.get(KEY_ENV) or None
 
 
 def health_url(url: str) -> str:
@@ -60,11 +73,18 @@ def health_url(url: str) -> str:
     return url.rstrip("/").removesuffix("/v1") + "/health"
 
 
-def health(url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> dict[str, Any] | None:
-    """The server's health answer, or None when it does not answer."""
+def get_json(url: str, key: str | None = None, timeout_s: float = HEALTH_TIMEOUT_S) -> Any:
+    """`GET url`'s JSON answer, sending `key` as the bearer key; raises OSError (an HTTPError for a status
+    that is not 2xx) or ValueError."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as r:
+        return json.loads(r.read())
+
+
+def health(url: str, timeout_s: float = HEALTH_TIMEOUT_S, key: str | None = None) -> dict[str, Any] | None:
+    """The server's health answer (all of it with the server's `key`), or None when it does not answer."""
     try:
-        with urllib.request.urlopen(health_url(url), timeout=timeout_s) as r:
-            body = json.loads(r.read())
+        body = get_json(health_url(url), key, timeout_s)
     except (OSError, ValueError):
         return None
     return body if isinstance(body, dict) else {}
@@ -75,25 +95,41 @@ def version_of(answer: dict[str, Any] | None) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def served_name(url: str) -> str:
+def served_name(url: str, key: str | None = None) -> str:
     """The model name the server reports (`GET /v1/models`), or "policy"."""
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=HEALTH_TIMEOUT_S) as r:
-            return str(json.loads(r.read())["data"][0]["id"])
+        return str(get_json(url.rstrip("/") + "/models", key)["data"][0]["id"])
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         return "policy"
 
 
-def check_servers(urls: list[str]) -> None:
-    """Refuse a URL that does not answer, or whose server does not follow a store, in one line."""
+def check_servers(urls: list[str], key: str | None = None) -> None:
+    """Refuse a URL that does not answer, whose server does not follow a store, or that refuses `key`
+    (none sent when None), in one line."""
     for url in urls:
-        answer = health(url)
+        answer = health(url, key=key)
         if answer is None:
             raise FlywheelError(f"loop: pool {url} does not answer (GET {health_url(url)})")
         if "policy_version" not in answer:
             raise FlywheelError(
                 f"loop: pool {url} serves fixed weights (start it with flywheel serve --follow STORE)"
             )
+        check_key_accepted(url, key)
+
+
+def check_key_accepted(url: str, key: str | None) -> None:
+    """Refuse a server that turns `key` away (`GET /v1/models` answers 401), in one line."""
+    try:
+        get_json(url.rstrip("/") + "/models", key)
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            what = "refuses the key sent" if key else "needs a key"
+            raise FlywheelError(
+                f"loop: pool {url} {what} (401 Unauthorized): set [loop] pool_api_key or {KEY_ENV} "
+                "to the key it was started with (flywheel serve --api-key)"
+            ) from None
+    except (OSError, ValueError):
+        pass  # answered health a moment ago: a later batch finds out if it is gone
 
 
 def oldest_version(record: Trajectory, default: int) -> int:
@@ -110,10 +146,10 @@ class Lost(Exception):
 class HttpPool:
     """One server, seen from the driver: waits for versions, runs batches of episodes against it."""
 
-    def __init__(self, spec: PoolSpec, url: str, concurrency: int) -> None:
-        self.spec, self.url = spec, url
-        config = OpenAIConfig(base_url=url, logprobs=True, concurrency=max(1, concurrency))
-        self.engine = OpenAIModel(served_name(url), config)
+    def __init__(self, spec: PoolSpec, url: str, concurrency: int, key: str | None = None) -> None:
+        self.spec, self.url, self.key = spec, url, key
+        config = OpenAIConfig(base_url=url, api_key=key, logprobs=True, concurrency=max(1, concurrency))
+        self.engine = OpenAIModel(served_name(url, key), config)
         self.grader = grader_for(spec)
         self.version: int | None = None
 
@@ -123,7 +159,7 @@ class HttpPool:
         now = time.monotonic()
         deadline, answered = now + wait_s, now
         while True:
-            answer = health(self.url)
+            answer = health(self.url, key=self.key)
             now = time.monotonic()
             if answer is not None:
                 answered = now
@@ -167,7 +203,8 @@ class HttpBackend(ThreadedHost):
     """Pools as `flywheel serve --follow` servers; the trainer host in a worker thread of the driver."""
 
     def __init__(self, host_args: dict[str, Any], trainer: Any, cfg: Any) -> None:
-        check_servers(list(cfg.pool_urls))
+        self.key = pool_key(cfg.pool_api_key)
+        check_servers(list(cfg.pool_urls), self.key)
         self.urls = {f"pool-{i}": url for i, url in enumerate(cfg.pool_urls)}
         self.concurrency = int(cfg.pool_batch)
         self.host = TrainerHost(trainer, **host_args)
@@ -190,7 +227,7 @@ class HttpBackend(ThreadedHost):
     def _pool(self, spec: PoolSpec, url: str, work: queue.Queue[list[WorkItem] | None]) -> None:
         pool = None
         try:
-            pool = HttpPool(spec, url, self.concurrency)
+            pool = HttpPool(spec, url, self.concurrency, self.key)
             version, _ = pool.wait_for(0, START_WAIT_S)
             pool.version = version
             self.events.put(("ready", spec.pool_id, {"version": version, "pauses": [], "url": url}))

@@ -85,14 +85,21 @@ def run_items(
     emit: Callable[[str, Any], None],
     concurrency: int,
 ) -> None:
-    """Run `items` on `engine` under the spec's harness settings; `emit` "started", then each record.
-    The spec's `episodes` runner, when it has one, runs them instead of the harness's `run_episodes`."""
+    """Run `items` on `engine` under the spec's harness settings; `emit` "started", then each record
+    (a retry's says which attempt it retries: `retry_of`, `retry`). The spec's `episodes` runner, when it
+    has one, runs them instead of the harness's `run_episodes`."""
     emit("started", {"ids": [it.id for it in items], "version": version, "pid": os.getpid()})
-    specs = [EpisodeSpec(it.task, spec.efforts[it.effort], seed=it.seed, index=it.index) for it in items]
+    specs = [
+        EpisodeSpec(it.task, spec.efforts[it.effort], seed=it.seed, index=it.index, variant=it.variant)
+        for it in items
+    ]
+    retries = {it.id: it for it in items if it.retry}
     cfg = replace(spec.harness, policy_version=version)
 
     def on_record(record: Trajectory) -> None:
         record.pool = spec.pool_id
+        if record.id in retries:
+            record.retry_of, record.retry = retries[record.id].retry_of, retries[record.id].retry
         emit("record", record)
 
     if spec.episodes:  # e.g. Fusion: the engine is the sidekick of a lead loaded by the runner

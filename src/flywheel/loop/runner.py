@@ -24,14 +24,17 @@ budget, counting the steps before a resume; the last step run is checkpointed.
 Faults. A lost pool (process or actor gone) has its leased items reissued to the other pools and is
 restarted; it loads the latest anchor plus the deltas after it before taking work again. Records are
 accepted once per trajectory id (`Dispatcher`); answers to reissued work that arrive twice are dropped
-and counted. A store that is down delays publishing (retried with backoff inside the host) while pools
-keep serving the weights they hold.
+and counted. An attempt the model server, the sandbox or the grader ended is kept (the trainer masks it)
+and retried up to `infra_retries` times, each retry with its own id and seed, in the same round and group
+(`flywheel.loop.dispatch`; counted, and a `retry` event). A store that is down delays publishing
+(retried with backoff inside the host) while pools keep serving the weights they hold.
 
 Files under OUT_DIR (`RunDir`): `metrics.jsonl`, `trajectories.jsonl` (records used, with `step`, `pool`
-and the trainer's score `rl`), `timings.jsonl`, `dropped.jsonl` (stale records), `sync.jsonl` (publishes
-and pool updates with their pause), `events.jsonl` (the driver's events with their time: pools ready
-with their pid, batches started, losses, publishes; an append-only log), `summary.json`, `checkpoints/`,
-and for pool backends by default the weight store `weights/` and the peer `peer/`.
+and the trainer's score `rl`; a retry with `retry_of` and `retry`), `timings.jsonl`, `dropped.jsonl`
+(stale records), `sync.jsonl` (publishes and pool updates with their pause), `events.jsonl` (the driver's
+events with their time: pools ready with their pid, batches started, losses, retries, publishes; an
+append-only log), `summary.json`, `checkpoints/`, and for pool backends by default the weight store
+`weights/` and the peer `peer/`.
 """
 
 from __future__ import annotations
@@ -56,7 +59,9 @@ from flywheel.sandbox.envs import ensure_all
 from flywheel.tasks.format import Task
 
 EventHook = Callable[[dict[str, Any]], None]
-COUNTERS = ("stale_dropped", "duplicates_dropped", "reissued", "pool_restarts", "rounds_skipped")
+COUNTERS = (
+    "stale_dropped", "duplicates_dropped", "reissued", "pool_restarts", "rounds_skipped", "infra_retried",
+)  # fmt: skip
 
 
 class Rounds(Protocol):
@@ -161,7 +166,7 @@ class Driver:
         self.cfg, self.backend, self.rounds, self.store = cfg, backend, rounds, store
         self.files = RunDir(out)
         self.on_event = on_event or (lambda e: None)
-        self.dispatcher = Dispatcher()
+        self.dispatcher = Dispatcher(infra_retries=cfg.infra_retries)
         self.counters: Counter[str] = Counter()
         self.restarts: Counter[str] = Counter()
         self.ready: set[str] = set()
@@ -352,6 +357,10 @@ class Driver:
         ids = self.dispatcher.rounds.get(n, [])
         done = sum(i in self.dispatcher.done for i in ids)
         self.emit("record", pool=pool, id=record.id, round=n, done=done, total=len(ids))
+        again = self.dispatcher.retries.get(record.id)
+        if again is not None:
+            self.counters["infra_retried"] += 1
+            self.emit("retry", id=again.id, retry=again.retry, retry_of=record.id, cause=record.infra_failure)
 
     def pool_stats(self, kind: str, pool: str, stats: dict[str, Any]) -> None:
         if kind == "ready":
@@ -416,7 +425,7 @@ def run(
     `trainer` is a `LoopTrainer` or a zero-argument factory of one (the Ray backend builds it inside the
     trainer actor). `rounds` chooses each round's work (default: `CycleRounds` over `tasks`). A run
     directory that holds checkpoints resumes from the newest complete one. `on_event` sees the driver's
-    events (`resumed`, `pool_ready`, `started`, `record`, `step`, `published`, `lost`).
+    events (`resumed`, `pool_ready`, `started`, `record`, `step`, `published`, `lost`, `retry`).
     """
     if not cfg.model:
         raise FlywheelError("loop: `model` is required (hf:PATH or smollm2-135m: the pools' engine)")

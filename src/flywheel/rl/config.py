@@ -76,6 +76,7 @@ class RolloutConfig:
     warm_pytest: bool = True  # the agent's pytest runs forked from a warm parent (flywheel.sandbox.warm)
     max_turns: dict[str, int] = field(default_factory=dict)  # per-effort override of the turn budget
     max_tokens: dict[str, int] = field(default_factory=dict)  # per-effort override of the token budget
+    infra_retries: int = 1  # retries of an attempt the model server, sandbox or grader ended (0: none)
 
     def __post_init__(self) -> None:
         for e in self.efforts:
@@ -90,6 +91,8 @@ class RolloutConfig:
         for key in ("tasks_per_step", "group_size", "concurrency", "cohorts"):
             if getattr(self, key) < 1:
                 raise FlywheelError(f"[rollout] {key} must be >= 1")
+        if self.infra_retries < 0:
+            raise FlywheelError(f"[rollout] infra_retries must be >= 0, got {self.infra_retries}")
 
 
 @dataclass
@@ -134,7 +137,7 @@ class ObjectiveConfig:
     baseline: str = "length_weighted"  # or "mean" (the ablation)
     replay: bool = True  # renormalise over the sampler's top-p kept set (False: full softmax)
     clip_c: float = 2.0  # truncation of the importance weight
-    token_budget: int = 0  # the constant N of the loss normalisation (0: rollouts per step × 256)
+    token_budget: int = 0  # the constant N of the loss normalisation (0: counted rollouts per step × 256)
     batch_tokens: int = 16384  # padded tokens per trainer forward pass (pack = false)
     pack: bool = True  # share common prefixes of the replayed turns in one tree-masked sequence
     pack_tokens: int = 4096  # distinct tokens per packed forward pass (pack = true)
@@ -272,6 +275,18 @@ def load_config(path: str | Path) -> RunConfig:
     return settings.load_config(path, RunConfig)
 
 
+SECRET = "<redacted>"
+
+
 def to_dict(config: Any) -> dict[str, Any]:
-    """The config as plain data (for run directories and checkpoints)."""
-    return dataclasses.asdict(config)
+    """The config as plain data (for run directories), the secrets it may hold (the pools' API key, the
+    store's secret key) replaced by `SECRET`: a run directory is shared, a key is not."""
+    out = dataclasses.asdict(config)
+    loop = out.get("loop")
+    if isinstance(loop, dict):
+        if loop.get("pool_api_key"):
+            loop["pool_api_key"] = SECRET
+        options = loop.get("store_options") or {}
+        if options.get("secret"):
+            options["secret"] = SECRET
+    return out

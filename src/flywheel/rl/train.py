@@ -267,6 +267,7 @@ def loop_config(cfg: RunConfig, spec: str = "") -> LoopConfig:
         concurrency=r.concurrency,
         deterministic=cfg.deterministic,
         seed=cfg.seed,
+        infra_retries=r.infra_retries,
         max_context=cfg.model.max_context,
         max_minutes=cfg.train.max_minutes,
         checkpoint_every=cfg.train.checkpoint_every,

@@ -67,7 +67,7 @@ from flywheel.rl.objective import (
 )
 from flywheel.rl.optim import build_optimizer
 from flywheel.rl.pack import PrefixPack, pack_groups
-from flywheel.rubric import Rubric, turns_of
+from flywheel.rubric import Rubric, counts, turns_of
 
 TURN_TOKENS = 256  # default per-rollout share of the token budget
 
@@ -162,7 +162,8 @@ class Trainer:
             for t in turns_of(r)
             if s["advantage"] != 0.0
         ]
-        budget = cfg.objective.token_budget or max(1, len(records)) * TURN_TOKENS
+        # masked attempts (the infrastructure ended them; a retry took their place) are not in the budget
+        budget = cfg.objective.token_budget or max(1, sum(map(counts, records))) * TURN_TOKENS
         stats: dict[str, float] = {}
         for _ in range(max(1, cfg.optim.updates_per_step)):
             self.optimizer.zero_grad(set_to_none=True)

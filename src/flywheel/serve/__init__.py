@@ -12,6 +12,8 @@ and tests get a real HTTP server without new dependencies. One concept per modul
   instead of the sampling distribution's ("processed", the default: what the trainer replays).
 - `http`: `ModelServer` on the standard library's HTTP server, its `ServerConfig`, and `serve_model`,
   which starts one in a background thread; streams, live or whole, are sent here.
+- `auth`: the server's key (`flywheel serve --api-key`): the bearer check, the 401 a request without the
+  key gets, the short `GET /health` it still gets, and the warning for a server open beyond loopback.
 - `follow`: a torch model whose weights follow the trainer's store (`flywheel serve --follow STORE`),
   imported on its own (`flywheel.serve.follow`) since it loads torch.
 

@@ -6,6 +6,11 @@ for its completions from the `Batcher` (`flywheel.serve.batcher`), which owns th
 
 Endpoints: `GET /v1/models`, `GET /health`, `POST /v1/chat/completions` (also without the `/v1` prefix).
 
+A key (`ServerConfig.api_key`; `flywheel serve --api-key KEY` or `FLYWHEEL_API_KEY`): a request without
+`Authorization: Bearer KEY`, or with a wrong one, gets 401 and nothing else, whatever its path, except
+`GET /health`, which answers only `status` and `policy_version` (`flywheel.serve.auth`). Responses name
+no software version (`Server: flywheel`).
+
 `"stream": true`: server-sent events in chunked transfer encoding (keep-alive stays). One answer without
 `tools` from a model that samples token by token (the torch engine, through `Request.on_token`) streams
 live: each chunk is the text its tokens decode to so far, holding back what may still become a stop
@@ -39,7 +44,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -48,6 +53,7 @@ from flywheel.errors import FlywheelError
 from flywheel.models.chat_formats import tokenizer_syntax
 from flywheel.models.openai_fields import LOGPROBS_MODE_FIELD, LOGPROBS_MODES
 from flywheel.protocols import Completion, Model, Request
+from flywheel.serve.auth import authorized, check_key, public_health, unauthorized
 from flywheel.serve.batcher import After, Batcher
 from flywheel.serve.logprobs import raw_scorer
 from flywheel.serve.wire import (
@@ -82,12 +88,18 @@ class ServerConfig:
     max_n: int = 16  # completions per request, at most
     model_name: str | None = None  # the name the API reports; None: the model's `name`
     logprobs_mode: str = "processed"  # whose log-probs a request gets unless it says: "processed" or "raw"
+    api_key: str | None = field(default=None, repr=False)  # required as the bearer key (None: open to all)
 
     def __post_init__(self) -> None:
+        check_key(self.api_key)
         if self.logprobs_mode not in LOGPROBS_MODES:
             modes = " or ".join(LOGPROBS_MODES)
             raise FlywheelError(f"logprobs mode: must be {modes}, got '{self.logprobs_mode}'")
 
+
+# an unauthorized request's body is read (keeping its connection usable) only up to this size; a larger
+# one is not read and its connection is closed after the 401
+UNAUTHORIZED_BODY_BYTES = 64 * 2**10
 
 # a live stream sends what its tokens decode to at most this often: one wake-up, one decode and one chunk
 # per interval rather than per token keeps 16 streams from slowing the engine (they share its GIL)
@@ -198,16 +210,27 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: ModelServer
 
+    def version_string(self) -> str:
+        """The `Server` header: no software versions."""
+        return "flywheel"
+
     def do_GET(self) -> None:
         path = _route(self.path)
-        if path == "/models":
+        if path == "/health":
+            answer = self.server.health()
+            self._send(200, answer if self._authorized() else public_health(answer))
+        elif not self._authorized():
+            self._send_error(unauthorized())
+        elif path == "/models":
             self._send(200, models_response(self.server.model_name, self.server.created))
-        elif path == "/health":
-            self._send(200, self.server.health())
         else:
             self._send_error(ApiError(404, f"unknown path {self.path}", param="path", code="not_found"))
 
     def do_POST(self) -> None:
+        if not self._authorized():
+            self._skip_body()
+            self._send_error(unauthorized())
+            return
         try:
             body = self._read_body()
             if _route(self.path) != "/chat/completions":
@@ -249,6 +272,23 @@ class _Handler(BaseHTTPRequestHandler):
                 LOGPROBS_MODE_FIELD,
             )
         return self.server.raw_scorer
+
+    def _authorized(self) -> bool:
+        """Whether the request may be answered: the server has no key, or the request carries it."""
+        key = self.server.config.api_key
+        return key is None or authorized(self.headers.get("Authorization"), key)
+
+    def _skip_body(self) -> None:
+        """Read and drop a small request body, so its connection can carry the next request; a larger or
+        unsized one is left unread and its connection closed."""
+        try:
+            n = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            n = -1
+        if 0 <= n <= UNAUTHORIZED_BODY_BYTES:
+            self.rfile.read(n)
+        else:
+            self.close_connection = True
 
     def _read_body(self) -> bytes:
         length = self.headers.get("Content-Length")
