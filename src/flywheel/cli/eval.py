@@ -19,7 +19,9 @@ from flywheel.models import SPECS
 
 def eval_(
     suite: str = typer.Option(
-        ..., "--suite", help="A built-in suite (toybugs, toybugs-long, humaneval) or a task directory."
+        ...,
+        "--suite",
+        help="A built-in suite (toybugs, toybugs-long, humaneval, pypibugs) or a task directory.",
     ),
     model: str = typer.Option(None, "--model", help=f"{SPECS} (or scripted-lead)."),
     lead: str = typer.Option(

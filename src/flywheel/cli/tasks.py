@@ -23,7 +23,7 @@ app = typer.Typer(
 )
 
 SUITE = typer.Argument(
-    ..., help="A built-in suite (toybugs, toybugs-long, humaneval) or a directory of tasks."
+    ..., help="A built-in suite (toybugs, toybugs-long, humaneval, pypibugs) or a directory of tasks."
 )
 SPLIT = typer.Option(None, "--split", help="Only tasks of this split (toybugs: train, heldout).")
 FORMAT = typer.Option(..., "--format", help="harbor (task directories) or swebench (instances in JSONL).")

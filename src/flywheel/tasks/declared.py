@@ -200,7 +200,7 @@ def _read(path: Path, root: Path | None, names: Path, seen: set[Path]) -> list[t
     except OSError as e:
         raise TaskError(f"{rel}: cannot be read ({e.strerror})") from None
     out: list[tuple[str, str]] = []
-    for n, line in _logical_lines(text):
+    for n, line in requirement_lines(text):
         where = f"{rel} line {n}"
         include = _INCLUDE.match(line)
         if include:
@@ -212,14 +212,15 @@ def _read(path: Path, root: Path | None, names: Path, seen: set[Path]) -> list[t
     return out
 
 
-def _logical_lines(text: str) -> Iterable[tuple[int, str]]:
-    """(first line number, line) with comments stripped and `\\` continuations joined; blanks dropped."""
+def requirement_lines(text: str) -> Iterable[tuple[int, str]]:
+    """(first line number, line) of a requirements file: comments stripped, `\\` continuations joined (a
+    backslash before trailing spaces too), blanks dropped."""
     buf, start = "", 0
     for n, raw in enumerate(text.splitlines(), 1):
         if not buf:
             start = n
-        if raw.endswith("\\"):
-            buf += raw[:-1]
+        if raw.rstrip().endswith("\\"):
+            buf += raw.rstrip()[:-1]  # joined as pip joins them: nothing between
             continue
         line = _COMMENT.sub("", buf + raw).strip()
         buf = ""

@@ -43,6 +43,7 @@ from packaging.utils import canonicalize_name
 
 from flywheel.errors import FlywheelError
 from flywheel.protocols import Environment
+from flywheel.tasks.declared import requirement_lines
 from flywheel.tasks.format import check_requirement, check_workdir
 from flywheel.tasks.interop.draft import _files
 from flywheel.tasks.interop.scripts import shell_commands
@@ -301,7 +302,7 @@ class _Image:
             text = found.read_text()
         except UnicodeDecodeError:
             raise FlywheelError(f"{where}: pip reads {written}, which is not text") from None
-        for n, line in _requirement_lines(text):
+        for n, line in requirement_lines(text):
             at = f"{where}: {written} line {n}"
             option, _, rest = line.partition(" ")
             if option in ("-r", "--requirement") or option.startswith(("-r", "--requirement=")):
@@ -434,24 +435,6 @@ def _not_carried(where: str, option: str) -> FlywheelError:
 def _local_path(word: str) -> bool:
     """A local directory or archive (`.`, `./pkg`, `.[test]`, `/src/x`), not a package name."""
     return word.startswith((".", "/", "~"))
-
-
-def _requirement_lines(text: str) -> list[tuple[int, str]]:
-    """(first line number, line) of a requirements file: comments and blanks dropped, `\\` joined."""
-    out, buf, start = [], "", 0
-    for n, raw in enumerate(text.splitlines(), 1):
-        if not buf:
-            start = n
-        if raw.rstrip().endswith("\\"):
-            buf += raw.rstrip()[:-1] + " "
-            continue
-        line = re.sub(r"(^|\s)#.*$", "", buf + raw).strip()
-        buf = ""
-        if line:
-            out.append((start, line))
-    if buf.strip():
-        out.append((start, re.sub(r"(^|\s)#.*$", "", buf).strip()))
-    return out
 
 
 def _without_hashes(where: str, line: str) -> str:
