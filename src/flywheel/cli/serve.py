@@ -99,16 +99,7 @@ def serve(
     )
     if logprobs_mode == "raw":
         _check_raw(model, follow)
-    follower = None
-    if follow:
-        from flywheel.serve.follow import load_following  # loads torch: only when following
-
-        logging.basicConfig(
-            stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s"
-        )
-        policy, follower = load_following(model, follow, **opts)
-    else:
-        policy = get_model(model, **opts)
+    policy, follower = _load(model, follow, opts)
     try:
         server, thread = serve_model(policy, host, port, config, follower)
     except OSError as e:
@@ -129,6 +120,16 @@ def serve(
         typer.echo("stopping", err=True)
     finally:
         server.close()
+
+
+def _load(model: str, follow: str, opts: dict):
+    """The policy to serve and, with `follow`, the follower that keeps its weights at the store's newest."""
+    if not follow:
+        return get_model(model, **opts), None
+    from flywheel.serve.follow import load_following  # loads torch: only when following
+
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    return load_following(model, follow, **opts)
 
 
 def _check_raw(model: str, follow: str) -> None:

@@ -14,7 +14,9 @@ manifest for files it does not have.
 
 Restoring picks the newest complete checkpoint: the newest local one that verifies, unless the peer holds
 a newer one (or no local one verifies: deleted disk, truncated file, flipped bit), in which case the peer's
-is downloaded into a fresh local directory, verified the same way, and loaded.
+is downloaded into a fresh local directory, verified the same way, and loaded. A local one newer than the
+peer's (the trainer was killed before or while replicating it) is replicated again first, so the peer
+holds no half-uploaded checkpoint and catches up.
 
 Ordering in the loop, for every step: metrics line, checkpoint, replicate, publish. The published
 version therefore never runs ahead of the peer's checkpoint, and a restarted trainer resumes at a
@@ -23,6 +25,7 @@ version at or after the one the pools serve.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -177,6 +180,10 @@ class Checkpointer:
             self.source = "peer" if path is not None else ""
         if path is None and local is not None:
             path, self.source = local[1], "local"
+            if self.peer is not None and (peer_v is None or peer_v < local[0]):
+                # killed between saving and replicating: the peer may hold this version half-uploaded
+                with contextlib.suppress(StoreError):  # unreachable now: the next step replicates
+                    self.replicate(path)
         if path is None:
             return None
         trainer.load(path / "trainer")

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import multiprocessing.util
+import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -20,6 +23,8 @@ from typing import Any
 from flywheel.loop.dispatch import WorkItem
 from flywheel.loop.host import ThreadedHost, TrainerHost
 from flywheel.loop.pool import PoolSpec, pool_process
+from flywheel.sandbox import sweep_dead
+from flywheel.sandbox.workspaces import new_workspace
 
 Event = tuple[str, str, Any]
 # imported once by the forkserver, so a pool (re)start is a fork plus a model load
@@ -38,7 +43,28 @@ class Handle:
     lost: bool = False
 
 
+UNIX_PATH_ROOM = 107 - len("/listener-xxxxxxxx")  # a socket's path, 108 bytes with its NUL, under the dir
+
+
+def private_mp_tempdir() -> None:
+    """Put multiprocessing's temporary directory (the forkserver's listening socket) inside this process's
+    own directory (`sandbox.workspaces`), so a driver killed with SIGKILL leaves nothing the next flywheel
+    process does not sweep; removed at a clean exit, before that directory is released. Once per process,
+    and only where multiprocessing has not made its own yet."""
+    config = mp.current_process()._config  # where `multiprocessing.util.get_temp_dir` keeps its choice
+    if config.get("tempdir") is None:
+        path = str(new_workspace("pymp-"))
+        if len(path) > UNIX_PATH_ROOM:  # the socket would not bind: leave multiprocessing its own choice
+            os.rmdir(path)
+            return
+        config["tempdir"] = path
+        multiprocessing.util.Finalize(
+            None, shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, exitpriority=1
+        )
+
+
 def context() -> Any:
+    private_mp_tempdir()
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
@@ -119,3 +145,4 @@ class LocalBackend(ThreadedHost):
             if not h.lost:
                 self.forget(h)
         self.worker.shutdown(wait=True)
+        sweep_dead()  # what a pool killed here left: its workspaces, a command still running in its cgroups

@@ -209,7 +209,9 @@ class Driver:
         step_call = commit_call = None
         used: list[Trajectory] = []
         while self.wants_steps() or step_call is not None or commit_call is not None:
-            self.release(busy=step_call is not None or commit_call is not None)
+            self.release(
+                busy=step_call is not None or commit_call is not None, training=step_call is not None
+            )
             self.assign()
             for kind, pool, payload in self.backend.poll(0.05):
                 self.handle(kind, pool, payload)
@@ -252,14 +254,19 @@ class Driver:
         last = self.version >= self.cfg.steps or not self.fits(so_far)
         return last or self.version % self.cfg.checkpoint_every == 0
 
-    def release(self, busy: bool) -> None:
-        """Queue the rounds the schedule allows now."""
+    def release(self, busy: bool, training: bool = False) -> None:
+        """Queue the rounds the schedule allows now (`training`: a taken round is being trained on, so
+        one step fewer is still owed rounds; without it the last step's training released a round no step
+        would use)."""
         remaining = self.cfg.steps - self.version
         if remaining <= 0 or self.out_of_time:
             return
         if self.cfg.sync:
             allowed = self.next_round + 1 if not busy and self.published == self.version else self.next_round
         else:
+            remaining -= training
+            if remaining <= 0:
+                return
             # round n + j is consumed at trainer version >= v + j and generated at >= the published v
             allowed = self.next_round + 1 + max(0, min(self.cfg.max_staleness - 1, remaining - 1))
         while self.released < allowed:

@@ -34,7 +34,9 @@ What is covered (each property has its own adversarial test in tests/sandbox/):
   `[... N bytes truncated ...]` in the middle and `RunResult.truncated` set.
 - Cleanup: when `run` returns, no process of the command is left: bwrap's pid namespace dies with its
   command, and the process group and the run's cgroup are SIGKILLed in any case (double-forked daemons
-  included). `--die-with-parent` ends the sandbox if flywheel itself dies.
+  included). `--die-with-parent` ends the sandbox if flywheel itself dies; a command started in the
+  moment before it took hold, and the workspaces and cgroups of a killed process, are cleared by the next
+  flywheel process (`workspaces.py`, `cgroups.sweep_dead`), or at once by `sweep_dead()`.
 - No git history: a `.git` directory in the workspace is covered by an empty read-only tmpfs, a `.git`
   file by an unreadable node (bwrap; the fallback refuses such a workspace), and the host's repositories
   are not mounted.
@@ -86,6 +88,7 @@ What is not covered:
 from flywheel.sandbox.backends import BACKENDS, available_backends, default_backend, get_sandbox
 from flywheel.sandbox.common import SandboxError
 from flywheel.sandbox.limits import enforced_limits, unenforced_warning, warn_unenforced
+from flywheel.sandbox.workspaces import sweep_dead
 
 __all__ = [
     "BACKENDS",
@@ -94,6 +97,7 @@ __all__ = [
     "default_backend",
     "enforced_limits",
     "get_sandbox",
+    "sweep_dead",
     "unenforced_warning",
     "warn_unenforced",
 ]

@@ -18,7 +18,12 @@ two controllers, `pids` and `memory`, is looked for in this order:
   that holds processes itself refuses to enable controllers (EBUSY); the next one up is tried.
 
 The cgroup also names every process of the run, so `kill_all` finds daemons that left the process group
-(on v2 it writes `cgroup.kill` first), and it is removed after the run.
+(on v2 it writes `cgroup.kill` first), and it is removed after the run. A process killed during a run
+cannot remove it, nor end the run: a command started just as its supervisor was killed (before bwrap's
+`--die-with-parent` took hold) runs on, with no time limit. So every process, at its first run and as it
+ends cleanly, sweeps the run cgroups (`flywheel-<pid>-<n>`) of processes that are gone (`sweep_dead`): the
+processes still in one are killed if they are orphans (every one whose parent is outside the run was
+reparented to pid 1), and the cgroup is removed.
 
 The parsing of `/proc/self/mounts` and `/proc/self/cgroup` and the choice of v2 candidates are pure
 functions; `cgroup_host()` applies them to this process once and prepares the v2 parent if one is needed.
@@ -29,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import multiprocessing.util
 import os
 import select
 import signal
@@ -155,13 +161,53 @@ def cgroup_host() -> CgroupHost:
     own_v1, own_v2 = parse_proc_cgroup(_read(Path("/proc/self/cgroup")))
     v1 = v1_parents(mounts_v1, own_v1)
     wanted = set(CONTROLLERS) - set(v1)
-    if not wanted or mount_v2 is None or own_v2 is None:
-        return CgroupHost(v1)
-    chosen = os.environ.get("FLYWHEEL_CGROUP_PARENT")
-    prepared = prepare_v2([Path(chosen)] if chosen else v2_candidates(mount_v2, own_v2), wanted)
-    if prepared is None:
-        return CgroupHost(v1)
-    return CgroupHost(v1, prepared[0], frozenset(prepared[1]))
+    host = CgroupHost(v1)
+    if wanted and mount_v2 is not None and own_v2 is not None:
+        chosen = os.environ.get("FLYWHEEL_CGROUP_PARENT")
+        prepared = prepare_v2([Path(chosen)] if chosen else v2_candidates(mount_v2, own_v2), wanted)
+        if prepared is not None:
+            host = CgroupHost(v1, prepared[0], frozenset(prepared[1]))
+    parents = [*host.v1.values(), *([host.v2] if host.v2 else [])]
+    sweep_dead(parents)
+    multiprocessing.util.Finalize(None, sweep_dead, args=(parents,), exitpriority=0)  # and at a clean end
+    return host
+
+
+def sweep_dead(parents: Iterable[Path] | None = None) -> None:
+    """Under `parents` (default: where this process makes its run cgroups), end the runs whose supervisor is
+    gone (no /proc/<pid> for the pid in the name): kill their processes if they are orphans, then remove
+    their cgroups. Never raises.
+
+    Not covered: a pid of another pid namespace sharing the parent looks gone here; its runs' processes are
+    not orphans (their leader's parent shows as 0), so they are left alone, but an empty cgroup of it, in
+    the moment between its creation and its run joining it, is removed (the run fails closed: exit 125)."""
+    if parents is None:
+        host = cgroup_host()
+        parents = [*host.v1.values(), *([host.v2] if host.v2 else [])]
+    runs: dict[str, list[Path]] = {}
+    for parent in parents:
+        with contextlib.suppress(OSError), os.scandir(parent) as entries:
+            for entry in entries:
+                parts = entry.name.split("-")
+                if len(parts) == 3 and parts[0] == "flywheel" and parts[1].isdigit() and parts[2].isdigit():
+                    runs.setdefault(entry.name, []).append(Path(entry.path))
+    for name, dirs in runs.items():
+        if os.path.exists(f"/proc/{name.split('-')[1]}"):
+            continue
+        run = RunCgroup(dirs)
+        pids = run.pids()
+        if not pids or (_orphans(pids) and run.kill_all()):
+            run.remove()
+
+
+def _orphans(pids: list[int]) -> bool:
+    """Whether every one of `pids` whose parent is not among them has pid 1 as its parent."""
+    members = set(pids)
+    for pid in pids:
+        fields = _read(Path(f"/proc/{pid}/stat")).rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and int(fields[1]) not in members and int(fields[1]) != 1:
+            return False
+    return True
 
 
 # --- one run's cgroup ----------------------------------------------------------------------------------

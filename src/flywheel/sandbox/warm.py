@@ -32,7 +32,9 @@ What differs, beyond time: process ids and the pid namespace a run sees (the par
 objects live in the parent's namespace for the episode; /tmp is on disk (counted in `disk_mb`, not
 bounded by `memory_mb`); `sys.orig_argv[0]` is the interpreter's path, not the name typed; memory the
 parent had already touched (pytest's modules) is charged to the parent, not to the command; the run's
-stack starts a few frames deeper than a cold one's (only a recursion limit of a few dozen can tell).
+stack starts a few frames deeper than a cold one's (only a recursion limit of a few dozen can tell); the
+objects the parent made before serving are frozen out of the garbage collector (`gc.freeze()`: pytest's
+collections at the end of a session skip them; `gc.get_freeze_count()` is not 0).
 
 `EpisodeSandbox.open()` returns None where the warm parent cannot run (the fallback backend), and callers use
 the plain sandbox then; `HarnessConfig.warm_pytest = False` (`[rollout] warm_pytest`, `flywheel eval
@@ -48,7 +50,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
@@ -58,6 +59,7 @@ from flywheel.sandbox.bwrap import BwrapSandbox, bwrap_argv
 from flywheel.sandbox.cgroups import RunCgroup
 from flywheel.sandbox.common import check_request
 from flywheel.sandbox.layout import base_env, host_layout
+from flywheel.sandbox.workspaces import new_workspace
 
 HERE = Path(__file__).parent
 SERVER, SHIM = HERE / "warm_server.py", HERE / "warm_shim.py"
@@ -73,7 +75,7 @@ class EpisodeSandbox:
 
     def __init__(self, sandbox: BwrapSandbox, workspace: Path):
         self.sandbox, self.workspace = sandbox, Path(workspace).resolve()
-        self.dir = Path(tempfile.mkdtemp(prefix="flywheel-episode-"))
+        self.dir = new_workspace("episode-")  # in the process's own directory: swept if it is killed
         self.tmp, self.run_dir = self.dir / "tmp", self.dir / "run"
         self.tmp.mkdir()
         self.tmp.chmod(0o1777)

@@ -19,6 +19,7 @@ listens.
 import builtins
 import contextlib
 import ctypes
+import gc
 import importlib
 import io
 import json
@@ -68,6 +69,8 @@ def main():
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     srv.bind(SOCKET)
     srv.listen(64)
+    gc.collect()
+    gc.freeze()  # what is imported now is never scanned again: each child's collections skip it
     ctl.send(b"ready")
     Server(srv, ctl).loop()
 

@@ -12,12 +12,19 @@ namespaces (containers sharing a temp dir) and pid reuse.
 A forked child inherits its parent's lock (and keeps it: it may work in a workspace its parent made) and
 makes a directory of its own at its first workspace. Workspaces of older versions (`flywheel-ep-*`) carry
 no lock; they are removed once they are `LEGACY_AGE_S` old.
+
+A process that ends cleanly (a normal exit, or the end of a `multiprocessing` child, which skips `atexit`)
+removes its own directory when nothing but its lock and its sandbox's /etc copy (`layout.py`) is left in
+it, and sweeps its dead siblings on the way out, so the last process of a run leaves nothing behind either.
+A supervisor that kills its workers calls `sweep_dead()` (their directories, and their run cgroups) rather
+than leave them to the next process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import multiprocessing.util
 import os
 import shutil
 import tempfile
@@ -27,11 +34,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from flywheel.sandbox.cgroups import sweep_dead as sweep_dead_runs
+
 PREFIX = "flywheel-episodes-"
 LOCK = ".lock"
 HALF_MADE_AGE_S = 10 * 60  # a directory with no lock yet, older than this, is a dead process's half-made one
 LEGACY_PREFIX = "flywheel-ep-"
 LEGACY_AGE_S = 24 * 3600  # a legacy workspace older than this is removed: no running version makes them
+ETC_PREFIX = "etc-"  # the process's sandbox /etc copy (`layout.host_layout`), removed with its directory
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,13 @@ def temporary_workspace(prefix: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def sweep_dead() -> None:
+    """Remove now what dead processes left in the temp dir (their directories) and their run cgroups,
+    killing a command still running in one (`cgroups.sweep_dead`). Never raises."""
+    _sweep(Path(tempfile.gettempdir()))
+    sweep_dead_runs()
+
+
 def _process_dir() -> Path:
     """This process's directory, made (and its dead siblings swept) at the first call in each process."""
     global _owned
@@ -79,16 +96,29 @@ def _claim(tmp: Path) -> _Owned:
     fd = os.open(path / f"{LOCK}.new", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.rename(path / f"{LOCK}.new", path / LOCK)
-    return _Owned(os.getpid(), path, fd)
+    owned = _Owned(os.getpid(), path, fd)
+    # run at a normal exit and at a multiprocessing child's end alike; ignored in a forked child
+    multiprocessing.util.Finalize(None, _release, args=(owned,), exitpriority=0)
+    return owned
 
 
-def _sweep(tmp: Path, keep: Path) -> None:
+def _release(owned: _Owned) -> None:
+    """At a clean exit: remove the process's directory if only its lock and /etc copy are left in it (a
+    workspace still there may be a forked child's: the sweep takes it once that child is gone), then sweep
+    the dead siblings."""
+    with contextlib.suppress(OSError):
+        if all(n == LOCK or n.startswith(ETC_PREFIX) for n in os.listdir(owned.path)):
+            shutil.rmtree(owned.path, ignore_errors=True)
+    _sweep(owned.path.parent, keep=owned.path)
+
+
+def _sweep(tmp: Path, keep: Path | None = None) -> None:
     """Remove the directories under `tmp` that no living process owns: those whose lock is free, those
     never locked and older than `HALF_MADE_AGE_S`, and legacy workspaces older than `LEGACY_AGE_S`. One
     listing of `tmp`; never raises."""
     with contextlib.suppress(OSError), os.scandir(tmp) as entries:
         for entry in entries:
-            if not entry.name.startswith((PREFIX, LEGACY_PREFIX)) or entry.name == keep.name:
+            if not entry.name.startswith((PREFIX, LEGACY_PREFIX)) or (keep and entry.name == keep.name):
                 continue
             with contextlib.suppress(OSError):
                 if not entry.is_dir(follow_symlinks=False):
