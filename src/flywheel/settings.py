@@ -20,6 +20,10 @@ from typing import Any
 
 from flywheel.errors import FlywheelError
 
+# where a setting may come from the environment instead: the key `flywheel serve --api-key` takes and the
+# `http` loop backend sends, when neither the option nor `[loop] pool_api_key` gives one
+API_KEY_ENV = "FLYWHEEL_API_KEY"
+
 # -------------------------------------------------------------------------------------------- loading
 
 

@@ -50,7 +50,8 @@ import typer
 from flywheel.errors import FlywheelError
 from flywheel.models import SPECS, get_model, require_torch
 from flywheel.serve import ServerConfig, serve_model
-from flywheel.serve.auth import KEY_ENV, exposure_warning
+from flywheel.serve.auth import exposure_warning
+from flywheel.settings import API_KEY_ENV
 
 
 def serve(
@@ -81,7 +82,7 @@ def serve(
     api_key: str | None = typer.Option(
         None,
         "--api-key",
-        envvar=KEY_ENV,
+        envvar=API_KEY_ENV,
         show_envvar=True,
         help="Answer only requests that carry 'Authorization: Bearer KEY' (GET /health answers anyone, with "
         "its status and weights version only).",

@@ -55,17 +55,17 @@ from flywheel.loop.host import ThreadedHost, TrainerHost
 from flywheel.loop.pool import START_WAIT_S, PoolSpec, grader_for, run_items
 from flywheel.models.openai_backend import OpenAIConfig, OpenAIModel
 from flywheel.record import Trajectory
+from flywheel.settings import API_KEY_ENV
 
 Event = tuple[str, str, Any]
 HEALTH_TIMEOUT_S = 5.0  # one health request
 POLL_S = 0.2  # how often a pool waiting for a version asks its server
 DOWN_S = 10.0  # a server that does not answer for this long is lost
-KEY_ENV = "FLYWHEEL_API_KEY"  # the servers' key when `pool_api_key` is empty (flywheel serve reads it too)
 
 
 def pool_key(configured: str) -> str | None:
     """The key to send the servers: the run config's, else `FLYWHEEL_API_KEY`'s, else none."""
-    return configured or os.environ.get(KEY_ENV) or None
+    return configured or os.environ.get(API_KEY_ENV) or None
 
 
 def health_url(url: str) -> str:
@@ -125,7 +125,7 @@ def check_key_accepted(url: str, key: str | None) -> None:
         if e.code == 401:
             what = "refuses the key sent" if key else "needs a key"
             raise FlywheelError(
-                f"loop: pool {url} {what} (401 Unauthorized): set [loop] pool_api_key or {KEY_ENV} "
+                f"loop: pool {url} {what} (401 Unauthorized): set [loop] pool_api_key or {API_KEY_ENV} "
                 "to the key it was started with (flywheel serve --api-key)"
             ) from None
     except (OSError, ValueError):

@@ -26,8 +26,8 @@ from typing import Any
 
 from flywheel.errors import FlywheelError
 from flywheel.serve.wire import ApiError
+from flywheel.settings import API_KEY_ENV
 
-KEY_ENV = "FLYWHEEL_API_KEY"  # the key when `--api-key` is not given
 PUBLIC_HEALTH = ("status", "policy_version")  # what `GET /health` answers a request without the key
 LOOPBACK_NAMES = ("localhost",)
 
@@ -37,9 +37,9 @@ def check_key(key: str | None) -> None:
     if key is None:
         return
     if not key:
-        raise FlywheelError(f"api key (--api-key or {KEY_ENV}): must not be empty")
+        raise FlywheelError(f"api key (--api-key or {API_KEY_ENV}): must not be empty")
     if not all("!" <= ch <= "~" for ch in key):
-        raise FlywheelError(f"api key (--api-key or {KEY_ENV}): must be printable ASCII without spaces")
+        raise FlywheelError(f"api key (--api-key or {API_KEY_ENV}): must be printable ASCII without spaces")
 
 
 def authorized(header: str | None, key: str) -> bool:
@@ -83,5 +83,5 @@ def exposure_warning(host: str, key: str | None) -> str | None:
     where = host or "every interface"
     return (
         f"warning: serving on {where} without an API key: anyone who reaches this port may use the model "
-        f"(set --api-key or {KEY_ENV})"
+        f"(set --api-key or {API_KEY_ENV})"
     )
