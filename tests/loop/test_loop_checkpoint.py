@@ -87,3 +87,21 @@ def test_publisher_start_resumes_or_refuses(tmp_path):
         Publisher(store).start(w1, 1)
     with pytest.raises(DeltaError, match="other weights"):
         Publisher(store).start(w1, 2)
+
+
+def test_the_peer_keeps_only_the_newest_checkpoints(tmp_path):
+    saved(tmp_path, range(1, 6), keep=2)
+    peer = FsspecStore(str(tmp_path / "peer"))
+    names = {k.split("/")[1] for k in peer.list("checkpoints/") if k.count("/") >= 2}
+    assert names == {"v00000005", "v00000004"}
+    assert sorted(p.name for p in (tmp_path / "peer" / "checkpoints").iterdir()) == [
+        "LATEST",
+        "v00000004",
+        "v00000005",
+    ]
+    # a deletion cut short (manifest gone, a file left) is finished by the next start, which restores the newest
+    peer.put("checkpoints/v00000002/trainer/state.json", b"{}")
+    t = Counter()
+    assert Checkpointer(tmp_path / "other", peer, keep=2).restore(t) == {"round": 5} and t.version == 5
+    assert not (tmp_path / "peer" / "checkpoints" / "v00000002").exists()
+    peer.delete("checkpoints/v00000002/trainer/state.json")  # deleting what is gone is not an error

@@ -41,8 +41,8 @@ def free_ports(n: int) -> list[int]:
 class WeedServer:
     """A SeaweedFS master + volume + filer + S3 gateway in one process."""
 
-    def __init__(self, binary: str, root: Path) -> None:
-        self.binary, self.root = binary, root
+    def __init__(self, binary: str, root: Path, volumes: int = 8) -> None:
+        self.binary, self.root, self.volumes = binary, root, volumes  # volumes of 64 MB each
         self.ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
         self.config = root / "s3.json"
         identity = {"name": "admin", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}]}
@@ -64,7 +64,7 @@ class WeedServer:
             f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.grpc']}", "-filer",
             f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}", "-s3", f"-s3.port={p['s3']}",
             f"-s3.port.grpc={p['s3.grpc']}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-            f"-s3.config={self.config}", "-master.volumeSizeLimitMB=64", "-volume.max=8",
+            f"-s3.config={self.config}", "-master.volumeSizeLimitMB=64", f"-volume.max={self.volumes}",
             "-master.telemetry=false", "-master.resumeState=false", "-master.electionTimeout=1s",
         ]  # fmt: skip
 

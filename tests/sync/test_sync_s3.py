@@ -25,6 +25,9 @@ def test_s3_store_basics(weed):
     assert store.list("a/") == ["a/b.bin"]
     with pytest.raises(StoreError, match="not found"):
         store.get("a/nope")
+    store.delete("a/b.bin")
+    store.delete("a/b.bin")  # already gone: not an error
+    assert not store.exists("a/b.bin") and store.list("a/") == []
 
 
 def test_stores_opened_at_once_on_a_new_bucket_all_open(weed):

@@ -10,7 +10,9 @@ Layout, locally (`root`) and on the peer (`checkpoints/` in a `WeightStore`)::
 Saving writes into a hidden temporary directory and renames it into place, so a local checkpoint either
 exists whole or not at all; a checkpoint is *complete* when its manifest is present and every file
 matches it. Replication uploads the files, then the manifest, then LATEST, so the peer never holds a
-manifest for files it does not have.
+manifest for files it does not have. The peer keeps the `keep` newest checkpoints, as the local disk
+does: once LATEST names a new one, older ones are deleted, manifest first, so a deletion cut short leaves
+nothing that restores; the next replication, or the next start, finishes it.
 
 Restoring picks the newest complete checkpoint: the newest local one that verifies, unless the peer holds
 a newer one (or no local one verifies: deleted disk, truncated file, flipped bit), in which case the peer's
@@ -120,6 +122,22 @@ class Checkpointer:
             self.peer.put(f"{base}/{rel}", (path / rel).read_bytes())
         self.peer.put(f"{base}/{MANIFEST}", json.dumps(manifest).encode())
         self.peer.put(f"{PEER_PREFIX}/LATEST", json.dumps({"version": manifest["version"]}).encode())
+        self.prune_peer(int(manifest["version"]))
+
+    def prune_peer(self, latest: int) -> None:
+        """Delete the peer's checkpoints older than the `keep` newest up to `latest` (a store that fails
+        now is left as it is: the next call lists everything again)."""
+        assert self.peer is not None
+        try:
+            keys = self.peer.list(f"{PEER_PREFIX}/")
+            names = sorted({k.split("/")[1] for k in keys if k.count("/") >= 2}, reverse=True)
+            kept = [n for n in names if n <= ckpt_name(latest)][: self.keep]
+            for name in (n for n in names if kept and n < kept[-1]):
+                files = [k for k in keys if k.startswith(f"{PEER_PREFIX}/{name}/")]
+                for key in sorted(files, key=lambda k: not k.endswith(f"/{MANIFEST}")):
+                    self.peer.delete(key)
+        except StoreError:
+            return
 
     # -- restoring
 
@@ -186,6 +204,8 @@ class Checkpointer:
                     self.replicate(path)
         if path is None:
             return None
+        if self.peer is not None and peer_v is not None:
+            self.prune_peer(peer_v)  # finish a deletion that a kill cut short
         trainer.load(path / "trainer")
         return json.loads((path / "loop.json").read_text())
 

@@ -1,6 +1,6 @@
 """Object storage for weight versions over fsspec: local files (the embedded default) and S3.
 
-`FsspecStore` implements the `WeightStore` protocol (put, get, exists, list) on any fsspec URL. Backends
+`FsspecStore` implements the `WeightStore` protocol (put, get, exists, list, delete) on any fsspec URL. Backends
 load lazily: `file://` needs nothing extra, `s3://bucket/prefix` imports s3fs only when chosen. S3
 endpoint and credentials come from the constructor or the usual environment variables
 (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL or FLYWHEEL_S3_ENDPOINT, AWS_REGION).
@@ -191,17 +191,37 @@ class FsspecStore:
     def exists(self, key: str) -> bool:
         return with_retry(lambda: self.fs.exists(self.path(key)), self.read_retry, f"exists {key}")
 
+    def delete(self, key: str) -> None:
+        """Remove `key` (retried like a put); a missing key is not an error. Locally, folders left empty
+        are removed up to the store's root."""
+        with_retry(lambda: self._delete(self.path(key)), self.retry, f"delete {key}", self.on_retry)
+
+    def _delete(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(path)
+        if self.local:
+            parent = os.path.dirname(path)
+            while parent != self.root and parent.startswith(self.root + os.sep):
+                try:
+                    os.rmdir(parent)
+                except OSError:  # not empty, or gone
+                    break
+                parent = os.path.dirname(parent)
+
     def list(self, prefix: str) -> list[str]:
         """Keys under `prefix` (a folder-like prefix such as "versions/"), sorted."""
         base = self.path(prefix.rstrip("/")) if prefix.strip("/") else self.root
 
         def ls() -> list[str]:
             try:
-                found = self.fs.find(base)
+                found = self.fs.find(base, detail=True)
             except FileNotFoundError:
                 return []
+            files = [
+                p for p, info in found.items() if info.get("type") != "directory"
+            ]  # S3 keeps emptied folders
             strip = self.root.rstrip("/") + "/"
-            return sorted(p[len(strip) :] if p.startswith(strip) else p for p in found if ".tmp-" not in p)
+            return sorted(p[len(strip) :] if p.startswith(strip) else p for p in files if ".tmp-" not in p)
 
         return with_retry(ls, self.read_retry, f"list {prefix}")
 
