@@ -81,6 +81,9 @@ def test_one_delegation_solves_the_clamp_task(clamp_task, action_format):
     report = next(t["text"] for t in record.turns if t.get("name") == "delegate")
     assert "-    if x >= hi + 1:" in report and "+    if x > hi:" in report  # the sidekick's diff reached it
     assert "ended with submitted" in report and "ran the tests 2 time(s)" in report
+    assert report.endswith(
+        "tests: fixed 1, broken 0, still failing 0; passing after the change: 1\nreview: approve"
+    )
     [side] = record.sidekick
     assert side.id == f"{record.id}/sidekick1" and side.model == "scripted" and side.verdict is None
     assert tools_of(side) == ["run_tests", "view", "edit", "run_tests", "submit"]
@@ -104,6 +107,55 @@ def test_a_sidekick_that_fixes_nothing_is_corrected_once_then_the_lead_takes_ove
     assert "(no changes)" in next(t["text"] for t in record.turns if t.get("name") == "delegate")
     assert "look again" in record.sidekick[1].turns[1]["text"] and sidekick.calls == 2
     assert [s.id.rsplit("/", 1)[1] for s in record.sidekick] == ["sidekick1", "sidekick2"]
+
+
+HONEST = '    """Clamp x into [lo, hi]."""\n'
+GAMED = HONEST + "    if x == 5.5:\n        return 5\n"
+
+
+class GamesThenUndoes:
+    """A sidekick whose first delegation special-cases the failing test's input and whose second takes
+    that out again."""
+
+    name, native_tools = "gamer", False
+
+    def __init__(self):
+        self.episodes = 0
+
+    def generate(self, requests):
+        return [self.one(r) for r in requests]
+
+    def one(self, r):
+        if not any(m["role"] == "assistant" for m in r.messages):
+            self.episodes += 1
+            old, new = (HONEST, GAMED) if self.episodes == 1 else (GAMED, HONEST)
+            edit = Action("edit", {"path": "mathx.py", "old": old, "new": new})
+            return Completion(render_tagged(edit), prompt_tokens=50, completion_tokens=20)
+        return submits(r)
+
+
+def test_the_review_in_the_report_stops_the_lead_submitting_a_gamed_change(clamp_task):
+    record, graded = fuse(clamp_task, GamesThenUndoes())
+    first, second = (t["text"] for t in record.turns if t.get("name") == "delegate")
+    assert "tests: fixed 1, broken 0, still failing 0" in first  # the special case passes the test
+    assert (
+        first.rstrip().splitlines()[-1]
+        == "review: request changes (special_cases_test_literals at mathx.py:3)"
+    )
+    assert second.rstrip().splitlines()[-1] == "review: approve" and "still failing 1" in second
+    # no tests run on the gamed report: a correction at once; the tests after the second, then a take-over
+    assert tools_of(record) == ["view", "delegate", "delegate", "run_tests", "edit", "run_tests", "submit"]
+    assert record.success and graded == 1 and record.fusion["take_overs"] == 1
+    # without the review, the lead runs the tests on the gamed change, they pass, and it submits it
+    record, _ = fuse(clamp_task, GamesThenUndoes(), review=False)
+    assert tools_of(record) == ["view", "delegate", "run_tests", "submit"] and not record.success
+
+
+def test_without_the_review_the_report_is_the_sidekicks_alone(clamp_task):
+    record, _ = fuse(clamp_task, ScriptedModel(), review=False)
+    report = next(t["text"] for t in record.turns if t.get("name") == "delegate")
+    assert "review" not in report.lower() and record.success
+    assert tools_of(record) == ["view", "delegate", "run_tests", "submit"]
 
 
 class Batches(FakeModel):

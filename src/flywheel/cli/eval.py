@@ -97,6 +97,12 @@ def eval_(
         "--concurrency 1, hardly in batches. The distribution, log-probs and kept sets are the model's own.",
     ),
     draft_tokens: int = typer.Option(4, "--draft-tokens", min=1, help="Tokens the draft proposes per round."),
+    lead_review: bool = typer.Option(
+        True,
+        "--lead-review/--no-lead-review",
+        help="Fusion: end each sidekick report with the review of the change so far (the visible tests "
+        "before and after, the exploit checks), as `flywheel review` makes one.",
+    ),
     compare: bool = typer.Option(
         False,
         "--compare",
@@ -132,7 +138,7 @@ def eval_(
         helper = load_policy(
             sidekick, sidekick_base_url or base_url, seed, temperature, top_p, 1, engine=engine
         )
-        pair = Fusion(*helper, FusionConfig(sidekick_effort=sidekick_effort))
+        pair = Fusion(*helper, FusionConfig(sidekick_effort=sidekick_effort, review=lead_review))
     try:
         if compare:
             about = {"suite": suite, "effort": effort, "lead": lead, "sidekick": sidekick}

@@ -7,8 +7,12 @@ episode with one tool more, `delegate` (`flywheel.actions.DELEGATE`, offered thr
 harness in the lead's own workspace (`EpisodeSpec.workspace`): its own tools, budgets, effort level and
 conversation, which starts from the task and the lead's instruction. Its report is the tool's output
 (`sidekick_report`): the diff it made against the workspace as it was before the delegation, the tests it
-ran and their last result, how it ended, and its last message. The lead may then review (view,
-run_tests), delegate again with corrections, take over and edit itself, or submit. A sidekick that crashes
+ran and their last result, how it ended, and its last message; then the review of the change so far
+(`review`, `FusionConfig.review`, on by default): the visible tests before and after the change and the
+verifier's exploit checks against them, as `flywheel review` makes one, ending in `review: approve` or
+`review: request changes` with the reasons (the review's test runs are not priced, like the report's
+other lines). The lead may then review further (view, run_tests), delegate again with corrections, take
+over and edit itself, or submit. A sidekick that crashes
 or runs out of budget is such a report, never a crashed attempt.
 
 The attempt is graded once, at the lead's end (a sidekick's episode in a borrowed workspace is not
@@ -23,7 +27,8 @@ workspace and the lead's words); a take-over is counted when the lead's own `edi
 delegation (a `shell` command that edits files is not counted).
 
 Modules: `pair` (`Fusion`, the lead's episodes and their delegations, and the attempt's record),
-`sidekick` (a delegation's episode, its batches and its report), `rollout` (`sidekick_rollout`: the pair
+`sidekick` (a delegation's episode, its batches and its report), `review` (`LeadReview`, the review in
+each report), `rollout` (`sidekick_rollout`: the pair
 with `rollout`'s signature, for training the sidekick under a frozen lead, `[fusion]`), `compare` (the
 lead alone, the sidekick alone and the pair, side by side). The oracle-backed lead of tests and demos is a
 model like the others, `scripted-lead` (`flywheel.models.scripted_lead`).

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.actions import DELEGATE, DELEGATE_STOP, Action
+from flywheel.fusion.review import LeadReview
 from flywheel.fusion.sidekick import SidekickBatches, crashed, sidekick_report, sidekick_spec
 from flywheel.harness import EpisodeSpec, HarnessConfig, run_episodes
 from flywheel.harness.agent import Episode, ExtraTools
@@ -29,8 +30,9 @@ from flywheel.tasks.patch import make_patch, read_tree
 from flywheel.verify import default_grader
 
 LEAD_HELP = """You lead a sidekick: a less expensive engineer with its own tools, in this same repository.
-Delegate exploring, implementing and testing with a plan in words; review its report (its diff, the tests
-it ran, how it ended), then delegate again with corrections, take over and edit yourself, or submit.
+Delegate exploring, implementing and testing with a plan in words; read its report (its diff, the tests it
+ran, how it ended, and a review of the change so far: the tests before and after it, and checks for gamed
+tests), then delegate again with corrections, take over and edit yourself, or submit.
 <delegate>INSTRUCTION</delegate>  hand work to the sidekick; its report comes back"""
 _CACHES = {"__pycache__", ".pytest_cache"}
 
@@ -43,6 +45,7 @@ class FusionConfig:
     max_delegations: int = 4  # per attempt; past them `delegate` is refused
     report_chars: int = 1200  # of the diff, the last test output and the last message each, in a report
     gather_s: float = 0.05  # a batch of sidekick episodes waits this long after its first delegation
+    review: bool = True  # end each report with the review of the change so far (`flywheel.fusion.review`)
     # the sidekick's level, budgets included, by the lead's episode id (over `sidekick_effort`)
     sidekick_levels: dict[str, Effort] = field(default_factory=dict)
 
@@ -86,7 +89,9 @@ class Fusion:
             schema=(DELEGATE,),
             help=LEAD_HELP,
             stop=(DELEGATE_STOP,),
-            run=functools.partial(self._delegate, batches),
+            run=functools.partial(
+                self._delegate, batches, LeadReview(sandbox) if self.config.review else None
+            ),
         )
 
         def grade(task: Task, workspace: Path, trajectory: dict[str, Any]) -> Verdict:
@@ -118,8 +123,11 @@ class Fusion:
             batches.close()
         return sorted(records, key=lambda r: r.id)
 
-    def _delegate(self, batches: SidekickBatches, ep: Episode, action: Action) -> ToolResult:
-        """Run one sidekick episode in `ep`'s workspace; its report is the lead's observation."""
+    def _delegate(
+        self, batches: SidekickBatches, review: LeadReview | None, ep: Episode, action: Action
+    ) -> ToolResult:
+        """Run one sidekick episode in `ep`'s workspace; its report (and the review of the change so far)
+        is the lead's observation."""
         ws = ep.tools.workspace
         with self._lock:
             self._owners[ws] = ep.spec.id
@@ -136,8 +144,10 @@ class Fusion:
         after = _tree(ws)
         with self._lock:
             done.append(record)
-        diff = make_patch(before, after)
-        return ToolResult(sidekick_report(record, diff, k, self.config.report_chars), edited=before != after)
+        report = sidekick_report(record, make_patch(before, after), k, self.config.report_chars)
+        if review is not None:
+            report += "\n" + review(ep.spec.task, ws)
+        return ToolResult(report, edited=before != after)
 
     def _run_sidekicks(self, sandbox: Sandbox, specs: list[EpisodeSpec]) -> list[Trajectory]:
         """The sidekick's records for `specs`, in their order, run as one batch; when the model raised (a

@@ -6,7 +6,9 @@ privilege, as `flywheel.models.scripted`'s teachers have), for Fusion's tests an
 
 1. view each file the fix changes;
 2. delegate a plan in words: which file, which function, what is wrong, what to change;
-3. after each report, review it by running the tests, and submit when they pass;
+3. after each report, review it: when the report's review requests changes (`flywheel.fusion.review`: a
+   test broken, a gamed test), go on as after failing tests; otherwise run the tests, and submit when
+   they pass;
 4. when they still fail after the first delegation, delegate a correction, once;
 5. when they still fail after the second, take over: apply the reference edits itself, run the tests, and
    submit.
@@ -29,6 +31,7 @@ from flywheel.protocols import Completion, Request
 from flywheel.tasks.format import load_task
 
 RUN, SUBMIT = Action("run_tests"), Action("submit")
+REVIEW_CHANGES = "review: request changes"  # the last line of a report whose review asks for changes
 
 
 def load_scripted_lead(spec: str = "scripted-lead", **opts: Any) -> ScriptedLead:
@@ -73,7 +76,7 @@ def lead_step(task_dir: str, history: list[str], observation: str, can_delegate:
     if not can_delegate:
         return _at([*edits, RUN, SUBMIT], n - len(views))
     last = history[-1] if history else None
-    if last == "delegate":
+    if last == "delegate" and REVIEW_CHANGES not in observation:
         return RUN
     if last == "run_tests" and observation.startswith("exit code 0"):
         return SUBMIT
@@ -81,7 +84,8 @@ def lead_step(task_dir: str, history: list[str], observation: str, can_delegate:
     if delegations < 2:
         return Action("delegate", {"instruction": plan_text(task_dir, correction=delegations == 1)})
     second = [i for i, name in enumerate(history) if name == "delegate"][1]
-    return _at([*edits, RUN, SUBMIT], n - second - 2)  # taking over: after the failing review
+    reviewed = history[second + 1 : second + 2] == ["run_tests"]  # the tests it ran on the second report
+    return _at([*edits, RUN, SUBMIT], n - second - 1 - reviewed)  # taking over after the failing review
 
 
 def plan_text(task_dir: str, correction: bool = False) -> str:

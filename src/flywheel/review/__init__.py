@@ -11,7 +11,8 @@ harness on a read-only copy of the changed tree that ends in a verdict with comm
 or request changes; `report.markdown` and `Review.to_json` write it.
 
 Modules: `change`, `tests`, `checks`, `agent`, `run` (`review`, `Review`, `decide`), `report`.
-`flywheel review` is the command line over them; nothing else imports this package.
+`flywheel review` is the command line over them; Fusion's lead reviews its sidekick's changes with
+`checks`, `tests` and `run.decide` (`flywheel.fusion.review`).
 """
 
 from flywheel.review.agent import (
