@@ -53,6 +53,9 @@ ROUTES = [  # every route there is, and some there are not (which must not be to
     ("POST", "/v1/completions", {"model": "shout", "prompt": "hi"}),
     ("GET", "/v1/nothing", None),
     ("POST", "/v1/chat/completions", None),  # no body at all
+    ("PUT", "/v1/chat/completions", CHAT),
+    ("DELETE", "/v1/models", None),
+    ("PATCH", "/v1/models", {}),
 ]
 WRONG = [None, "", f"Bearer {KEY}x", "Bearer sk-test", f"Basic {KEY}", KEY, "Bearer", f"Bearer  {KEY[:-1]}"]
 
@@ -74,6 +77,7 @@ def test_the_right_key_is_served_and_a_refused_request_leaves_its_connection_usa
     status, _, raw = send(keyed, "GET", "/v1/models", f"bearer {KEY}", conn=conn)  # the scheme in any case
     assert status == 200 and json.loads(raw)["data"][0]["id"] == "shout"
     assert send(keyed, "GET", "/v1/nothing", f"Bearer {KEY}")[0] == 404  # a path is told only with the key
+    assert send(keyed, "DELETE", "/v1/models", f"Bearer {KEY}", conn=conn)[0] == 405  # and a method
 
 
 class Pinned:

@@ -242,6 +242,16 @@ class _Handler(BaseHTTPRequestHandler):
             log.exception("error while answering %s", self.path)
             self._send_error(ApiError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error"))
 
+    def _other_method(self) -> None:
+        """PUT, PATCH, DELETE: 401 without the key (as on every route), 405 with it."""
+        self._skip_body()
+        if not self._authorized():
+            self._send_error(unauthorized())
+            return
+        self._send_error(ApiError(405, f"method {self.command} is not allowed", code="method_not_allowed"))
+
+    do_PUT = do_PATCH = do_DELETE = _other_method
+
     def _chat(self, raw: bytes) -> None:
         try:
             body = json.loads(raw)
