@@ -7,7 +7,7 @@
 A package may import its own modules and anything in a lower layer; packages in one layer may import each
 other only where `SIDEWAYS` says so (the bottom layer's modules may use each other): rl reads eval's
 episode runner, sft's renaming and fusion's pair runner; sft, fusion, solve and the report read eval's
-runner and summaries; nothing imports back. Every import counts: at module level or inside a function (an import
+runner and summaries; fusion's lead reviews with review's checks; nothing imports back. Every import counts: at module level or inside a function (an import
 inside a function to dodge a cycle is still an edge), absolute or relative, `import flywheel.x`,
 `from flywheel.x import y` and `from flywheel import x`; and so does every "flywheel.x…:attr" string,
 the names a registry table (`flywheel.registry`) resolves at run time.
@@ -38,6 +38,7 @@ SIDEWAYS = {
     ("rl", "fusion"),
     ("sft", "eval"),
     ("fusion", "eval"),
+    ("fusion", "review"),
     ("solve", "eval"),
     ("report", "eval"),
 }

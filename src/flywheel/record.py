@@ -65,7 +65,8 @@ class Trajectory:
     action_format: str = "tagged"  # "tagged" or "native" tool calls
     # system, user, assistant and tool turns: {"role", "text"}; model turns add finish_reason and token
     # counts, and for in-process models token_ids, logprobs, kept and prompt_ids (a model-written summary of
-    # the context adds "summary": true); tool turns name, arguments and ok; a compaction is a tool turn named
+    # the context adds "summary": true); tool turns name, arguments and ok, and "edited": true when the call
+    # changed the workspace (an edit, or a shell command that wrote a file); a compaction is a tool turn named
     # "compaction" with the text "summary" (the conversation restarted from the summary) or "elided"
     turns: list[dict[str, Any]] = field(default_factory=list)
     n_turns: int = 0  # model calls made

@@ -234,6 +234,8 @@ def test_report_and_counts_are_pure():
         {"role": "tool", "name": n, "ok": True} for n in ("edit", "delegate", "edit", "edit", "delegate")
     ]
     assert take_overs(turns) == 1
+    shell = [{"role": "tool", "name": "delegate", "ok": True}, {"role": "tool", "name": "shell", "ok": True}]
+    assert take_overs(shell) == 0 and take_overs([shell[0], {**shell[1], "edited": True}]) == 1  # a sweep
 
 
 def test_the_plan_names_file_function_and_change(clamp_task):

@@ -23,8 +23,8 @@ sides', `fusion` splitting it (`lead_cost`, `sidekick_cost`, `delegations`, `tak
 sidekick's episodes nested whole in `sidekick`, so that either side can be trained on later.
 
 What is not covered: each delegation starts the sidekick from a fresh conversation (it knows earlier delegations only through the
-workspace and the lead's words); a take-over is counted when the lead's own `edit` succeeds after a
-delegation (a `shell` command that edits files is not counted).
+workspace and the lead's words); a take-over is counted when the lead's own call changes the workspace
+after a delegation (an `edit`, or a `shell` command that writes a file, even one it then undoes).
 
 Modules: `pair` (`Fusion`, the lead's episodes and their delegations, and the attempt's record),
 `sidekick` (a delegation's episode, its batches and its report), `review` (`LeadReview`, the review in

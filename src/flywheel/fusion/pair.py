@@ -179,14 +179,15 @@ def attach(record: Trajectory, sidekick: list[Trajectory], sidekick_model: str) 
 
 
 def take_overs(turns: Sequence[dict[str, Any]]) -> int:
-    """Times the lead edited the repository itself after a delegation (once per delegation at most)."""
+    """Times the lead changed the repository itself after a delegation (once per delegation at most): an
+    edit, or a shell command that wrote a file (records older than the turns' `edited` count edits only)."""
     count, pending = 0, False
     for t in turns:
         if t["role"] != "tool":
             continue
         if t.get("name") == "delegate":
             pending = True
-        elif pending and t.get("name") == "edit" and t.get("ok"):
+        elif pending and t.get("ok") and (t.get("edited") or t.get("name") == "edit"):
             count, pending = count + 1, False
     return count
 

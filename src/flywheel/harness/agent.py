@@ -376,9 +376,8 @@ def _execute(ep: Episode, action: Action, cfg: HarnessConfig) -> str:
         # one-time layout discovery on its first command) are the tool's cost, not the loop's
         ep.tool_s += max(result.seconds, time.perf_counter() - t0)
     text = _clip(result.text, cfg.observation_chars)
-    ep.turns.append(
-        {"role": "tool", "name": action.name, "arguments": action.args, "text": text, "ok": result.ok}
-    )
+    turn = {"role": "tool", "name": action.name, "arguments": action.args, "text": text, "ok": result.ok}
+    ep.turns.append(turn | {"edited": True} if result.edited else turn)
     if result.sandbox_error:  # the call has no result to show: the attempt ends, the infrastructure's fault
         _infra_ending(ep, "sandbox_error", result.sandbox_error)
         return text

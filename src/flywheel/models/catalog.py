@@ -11,11 +11,15 @@ from flywheel.registry import load
 
 SCRIPTED = ("scripted", "scripted-noisy", "scripted-search", "scripted-sweep")
 # for help texts and errors
-SPECS = f"{', '.join(SCRIPTED)}, scripted-lead, hf:PATH, smollm2-135m, toybugs-sweep or openai:NAME"
+SPECS = (
+    f"{', '.join(SCRIPTED)}, scripted-lead, scripted-sweep-lead, hf:PATH, smollm2-135m, toybugs-sweep "
+    "or openai:NAME"
+)
 # a spec's kind (`hf` of `hf:PATH`, or the whole spec) -> the loader called with (spec, **opts)
 MODELS = {
     **dict.fromkeys(SCRIPTED, "flywheel.models.scripted:load_scripted"),
     "scripted-lead": "flywheel.models.scripted_lead:load_scripted_lead",
+    "scripted-sweep-lead": "flywheel.models.sweep_lead:load_sweep_lead",
     "hf": "flywheel.models.torch_engine:load_torch_model",
     "smollm2-135m": "flywheel.models.torch_engine:load_torch_model",
     "toybugs-sweep": "flywheel.models.torch_engine:load_torch_model",

@@ -55,7 +55,7 @@ class ScriptedLead:
         can_delegate = any(t["function"]["name"] == "delegate" for t in r.tools or []) or "<delegate>" in str(
             r.messages[0].get("content") or ""
         )
-        history = [name for m in r.messages if m["role"] == "assistant" for name in [_action_name(m)]]
+        history = [name for m in r.messages if m["role"] == "assistant" for name in [action_name(m)]]
         observation = str(r.messages[-1].get("content") or "")
         action = lead_step(task_dir, history, observation, can_delegate)
         prompt_tokens = sum(count_tokens(str(m.get("content") or "")) for m in r.messages)
@@ -119,7 +119,7 @@ def _enclosing(source: str, line: int) -> str | None:
     return None
 
 
-def _action_name(message: dict[str, Any]) -> str:
+def action_name(message: dict[str, Any]) -> str:
     """The action an assistant message took ("" when it took none)."""
     calls = message.get("tool_calls") or []
     if calls:

@@ -104,7 +104,7 @@ def refuse_scripted(**specs: str | None) -> None:
     """Refuse a scripted model for any role (`model=`, `lead=`, `sidekick=`, named as `--model` ...): they
     replay a task's reference fix, and a repository has none."""
     for role, spec in specs.items():
-        if spec in (*SCRIPTED, "scripted-lead"):
+        if spec in (*SCRIPTED, "scripted-lead", "scripted-sweep-lead"):
             raise FlywheelError(
                 f"--{role} {spec}: the scripted models replay a task's reference fix, and a repository has none; "
                 "use a trained model (toybugs-sweep, hf:DIR) or openai:NAME"
