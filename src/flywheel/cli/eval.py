@@ -23,7 +23,7 @@ def eval_(
         "--suite",
         help="A built-in suite (toybugs, toybugs-long, humaneval, pypibugs) or a task directory.",
     ),
-    model: str = typer.Option(None, "--model", help=f"{SPECS} (or scripted-lead)."),
+    model: str = typer.Option(None, "--model", help=f"{SPECS}."),
     lead: str = typer.Option(
         None, "--lead", help="Fusion: the lead's model (any --model spec); needs --sidekick."
     ),

@@ -55,7 +55,7 @@ from flywheel.settings import API_KEY_ENV
 
 
 def serve(
-    model: str = typer.Option(..., "--model", help=f"{SPECS} (or scripted-lead)."),
+    model: str = typer.Option(..., "--model", help=f"{SPECS}."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
     max_batch: int = typer.Option(64, "--max-batch", min=1, help="Requests per model call, at most."),
