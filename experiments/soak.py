@@ -52,6 +52,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -317,10 +318,24 @@ def drive(
 
 
 def restart_store(weed: Any, now: float) -> dict[str, Any]:
+    """Stop the store and start it again; then reclaim the space of deleted objects (`vacuum`)."""
     t0 = time.monotonic()
     weed.stop()
     weed.start()
-    return {"fault": "store_restart", "t_s": round(now), "down_s": round(time.monotonic() - t0, 2)}
+    down_s = round(time.monotonic() - t0, 2)
+    return {"fault": "store_restart", "t_s": round(now), "down_s": down_s, "vacuum": vacuum(weed)}
+
+
+def vacuum(weed: Any) -> int | str:
+    """Ask the master to compact volumes whose garbage passed 30%, as an operator's job would: with a
+    restart every 5 minutes the master reclaimed nothing by itself in 25 minutes (2.2 of 2.3 GB deleted),
+    and each step's deleted peer checkpoint (10 MB with the shipped base) fills the store within the hour."""
+    url = f"http://127.0.0.1:{weed.ports['master']}/vol/vacuum?garbageThreshold=0.3"
+    try:
+        with urllib.request.urlopen(url, timeout=300) as response:
+            return response.status
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
 
 
 def kill_pool(servers: Servers, i: int, down_s: float, now: float) -> dict[str, Any]:
