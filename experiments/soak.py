@@ -9,7 +9,8 @@ fails `--fail-rate` of the chat-completion requests with HTTP 500, and the weigh
 checkpoints' peer on a real S3 server (SeaweedFS, `weed server -s3`, as the tests start it). While it runs:
 
 - the store is stopped and started again every `--store-every` minutes (publishing retries; servers keep
-  the weights they hold; a server started meanwhile is retried until the store answers);
+  the weights they hold; a server started meanwhile is retried until the store answers), then vacuumed
+  (the peer's deleted checkpoints take room until a vacuum);
 - a server is killed (SIGKILL) every `--pool-every` minutes, the pools in turn, and started again on its
   port `--pool-down` seconds later (as a supervisor would; the driver reissues its work meanwhile).
 
