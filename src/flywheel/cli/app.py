@@ -25,7 +25,7 @@ app = typer.Typer(
 
 def _register() -> None:
     # The command modules import their packages inside each command, so `flywheel --help` stays fast.
-    from flywheel.cli import delta, grade, report, review, sandbox, serve, solve, tasks, train
+    from flywheel.cli import delta, export, grade, report, review, sandbox, serve, solve, tasks, train
     from flywheel.cli import eval as eval_cli
 
     app.add_typer(tasks.app, name="tasks")
@@ -37,6 +37,7 @@ def _register() -> None:
     app.command("sft")(train.sft)
     app.command("calibrate")(train.calibrate)
     app.command("train")(train.train)
+    app.command("export")(export.export)
     app.command("report")(report.report)
     app.command("solve")(solve.solve)
     app.command("review")(review.review)

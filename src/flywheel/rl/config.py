@@ -19,6 +19,7 @@ from flywheel.harness import EFFORTS
 from flywheel.loop.config import LoopConfig
 from flywheel.models import MODELS, SPECS
 from flywheel.models.hf import resolve_device, resolve_dtype
+from flywheel.rl.lora import LORA_TARGETS, require_peft
 from flywheel.rubric import BASELINES, QUANTITIES
 
 # ------------------------------------------------------------------------------------------- sections
@@ -151,6 +152,30 @@ class ObjectiveConfig:
 
 
 @dataclass
+class LoraConfig:
+    """`[optim] lora`: train low-rank adapters on the named matrices, the base frozen (`flywheel.rl.lora`)."""
+
+    rank: int = 8  # r: each adapted matrix W gets W + (alpha / rank) · B·A, B [out, r], A [r, in]
+    alpha: float = 16.0  # the adapters' scale is alpha / rank
+    # every linear layer of a Llama-shaped decoder (Llama, Mistral, Qwen2/2.5/3, Gemma name them so)
+    targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    dropout: float = 0.0  # dropout on the adapters' input in the trainer's forward (0: the replay is exact)
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise FlywheelError(f"[optim] lora.rank must be >= 1, got {self.rank}")
+        if not self.alpha > 0:
+            raise FlywheelError(f"[optim] lora.alpha must be > 0, got {self.alpha}")
+        if not self.targets or not all(self.targets):
+            raise FlywheelError("[optim] lora.targets must name at least one module (e.g. q_proj)")
+        if len(set(self.targets)) != len(self.targets):
+            raise FlywheelError(f"[optim] lora.targets names a module twice: {self.targets}")
+        if not 0 <= self.dropout < 1:
+            raise FlywheelError(f"[optim] lora.dropout must be in [0, 1), got {self.dropout}")
+        require_peft()
+
+
+@dataclass
 class OptimConfig:
     kind: str = "muon"  # "muon" (Muon for hidden matrices + AdamW) or "adamw"
     lr: float = 3e-4
@@ -159,10 +184,15 @@ class OptimConfig:
     grad_clip: float = 1.0
     updates_per_step: int = 1
     train_layers: int = 0  # train only the top N decoder layers and the final norm (0: every parameter)
+    lora: LoraConfig | None = None  # set: train LoRA adapters only (`{ rank, alpha, targets, dropout }`)
 
     def __post_init__(self) -> None:
         if self.kind not in ("muon", "adamw"):
             raise FlywheelError("[optim] kind must be 'muon' or 'adamw'")
+        if self.lora is not None and self.train_layers:
+            raise FlywheelError(
+                "[optim] lora and train_layers cannot be combined (LoRA freezes the whole base); set one"
+            )
 
 
 @dataclass
@@ -225,6 +255,11 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_budgets(self)
+        if self.optim.lora is not None and self.loop.backend != "inline":
+            raise FlywheelError(
+                f'[optim] lora: LoRA syncs to pools in a later version; use [loop] backend = "inline" '
+                f"(not '{self.loop.backend}')"
+            )
 
 
 def check_budgets(cfg: RunConfig) -> None:

@@ -41,6 +41,13 @@ whose gradients accumulate into one update), and `activation_checkpointing = tru
 decoder layer's input from the forward pass and recomputes the layer's inner activations in the backward
 pass (HF's gradient checkpointing, non-reentrant): less memory for about a third more compute. The forward
 then runs in training mode, so a model with dropout would apply it there.
+
+LoRA (`[optim] lora`, `flywheel.rl.lora`): the trainer trains a copy of the model with adapters injected
+(`model`) and only the adapters; the model it was given becomes `served`, whose adapted matrices hold the
+base plus the adapters after every update and every `load`. The engine generates from `served` (shared in
+float32, synced into its own bfloat16 copy otherwise), `serving_weights()` and checkpoints read it (so a
+checkpoint is still an HF model directory, with the adapters beside it), and `load` restores the adapters
+and the optimizer on the base the trainer was built on. Without LoRA `served` is `model`.
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ from flywheel.models.fastllama import attention_window
 from flywheel.models.hf import mixed, resolve_dtype, train_top_layers
 from flywheel.record import Trajectory
 from flywheel.rl.config import RunConfig
+from flywheel.rl.lora import WEIGHTS as LORA_WEIGHTS
+from flywheel.rl.lora import Adapters
 from flywheel.rl.objective import (
     policy_loss,
     replay_entropy,
@@ -117,10 +126,15 @@ class Trainer:
                 f"[model] dtype = '{cfg.model.dtype}' trains float32 master weights, not {first.dtype}"
             )
         o = cfg.optim
-        try:
-            train_top_layers(model, o.train_layers)
-        except ValueError as e:
-            raise FlywheelError(f"optim.{e}") from None
+        self.lora = Adapters(model, o.lora, cfg.seed) if o.lora is not None else None
+        if self.lora is not None:
+            self.model = model = self.lora.model  # trained; `served` (the model given) holds the merge
+        else:
+            try:
+                train_top_layers(model, o.train_layers)
+            except ValueError as e:
+                raise FlywheelError(f"optim.{e}") from None
+        self.served = self.lora.served if self.lora is not None else model  # what the engine and deltas read
         self.optimizer = build_optimizer(
             model, o.kind, lr=o.lr, muon_lr=o.muon_lr or None, weight_decay=o.weight_decay
         )
@@ -175,6 +189,8 @@ class Trainer:
             stats["grad_norm"] = float(norm)
             if params:
                 self.optimizer.step()
+        if self.lora is not None:
+            self.lora.merge()
         self.sync_engine()
         self.version += 1
         return stats
@@ -193,7 +209,7 @@ class Trainer:
             advs = torch.cat(
                 [torch.full((len(t["token_ids"]),), work[i][1]) for i, t in zip(batch, turns, strict=True)]
             )
-            with mixed(self.device, self.dtype), self._recomputing():
+            with mixed(self.device, self.dtype), self._training_mode():
                 logits = self._generated_logits(turns) if pack is None else self._packed_logits(turns, pack)
             dev = logits.device
             advs = advs.to(dev)
@@ -233,17 +249,21 @@ class Trainer:
         return window is None or all(len(t["prompt_ids"]) + len(t["token_ids"]) <= window for t, _ in work)
 
     @contextmanager
-    def _recomputing(self):
-        """With activation checkpointing, the forward inside runs in training mode, the mode in which the
-        layers keep only their inputs and recompute the rest in the backward pass; eval mode after it."""
-        if not self.recompute:
-            yield
-            return
-        self.model.train()
+    def _training_mode(self):
+        """The modules that act differently in training run in training mode inside, eval mode after: with
+        activation checkpointing the whole model (the mode in which the layers keep only their inputs and
+        recompute the rest in the backward pass), else LoRA's dropout, when it has one."""
+        if self.recompute:
+            modules = [self.model]
+        else:
+            modules = self.lora.dropouts() if self.lora is not None else []
+        for m in modules:
+            m.train()
         try:
             yield
         finally:
-            self.model.eval()
+            for m in modules:
+                m.eval()
 
     def _generated_logits(self, turns: list[dict[str, Any]]) -> torch.Tensor:
         """Logits predicting each turn's generated tokens, concatenated: ``[Σ len(gen), V]`` float32.
@@ -301,26 +321,32 @@ class Trainer:
     # -- weights and checkpoints
 
     def serving_weights(self) -> dict[str, torch.Tensor]:
-        """bf16 copies of the (master) weights on the CPU, as inference serves them."""
-        return {k: v.detach().to("cpu", torch.bfloat16).clone() for k, v in self.model.state_dict().items()}
+        """bf16 copies of the (master) weights on the CPU, as inference serves them (with LoRA: the base
+        with the adapters merged in, under the base's names)."""
+        return {k: v.detach().to("cpu", torch.bfloat16).clone() for k, v in self.served.state_dict().items()}
 
     def sync_engine(self) -> None:
         """Copy the weights into the engine's model when it holds a copy of its own (a bfloat16 engine under
-        float32 master weights), in place, so the engine sees the update; nothing when they are shared."""
+        float32 master weights), in place, so the engine sees the update; nothing when they are shared.
+        With LoRA only the merged matrices are copied: nothing else changes."""
         served = getattr(self.engine, "model", None)
-        if served is None or served is self.model:
+        if served is None or served is self.served:
             return
         target = dict(served.named_parameters())
+        changed = self.lora.served_weights() if self.lora is not None else self.model.named_parameters()
         with torch.no_grad():
-            for name, p in self.model.named_parameters():
+            for name, p in changed:
                 target[name].copy_(p)
 
     def save(self, path: Path) -> Path:
-        """Checkpoint into directory `path` atomically: weights, tokenizer, optimizer, version."""
+        """Checkpoint into directory `path` atomically: weights, tokenizer, optimizer, version (with LoRA:
+        the merged weights, and the adapters apart, `flywheel.rl.lora`)."""
         path = Path(path)
         with building(path) as tmp:
-            self.model.save_pretrained(tmp)
+            self.served.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
+            if self.lora is not None:
+                self.lora.save(tmp)
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             (tmp / "trainer.json").write_text(
                 json.dumps({"version": self.version, "lambdas": self.lambdas}) + "\n"
@@ -328,14 +354,24 @@ class Trainer:
         return path
 
     def load(self, path: Path) -> None:
-        """Restore a checkpoint written by `save` (weights in place, optimizer state, version)."""
+        """Restore a checkpoint written by `save` (weights in place, optimizer state, version; with LoRA the
+        adapters, on the base the trainer was built on)."""
         from safetensors.torch import load_file
 
         path = Path(path)
-        state = load_file(path / "model.safetensors")
-        missing = self.model.load_state_dict(state, strict=False).missing_keys
-        if [k for k in missing if "lm_head" not in k]:  # tied heads are not saved separately
-            raise ValueError(f"{path}: checkpoint lacks {missing[:3]}")
+        adapters = (path / LORA_WEIGHTS).exists()
+        if adapters != (self.lora is not None):
+            held = "LoRA adapters" if adapters else "full weights"
+            raise FlywheelError(
+                f"{path}: the checkpoint holds {held}; resume it with the run's own [optim] lora"
+            )
+        if self.lora is not None:
+            self.lora.load(path)
+        else:
+            state = load_file(path / "model.safetensors")
+            missing = self.model.load_state_dict(state, strict=False).missing_keys
+            if [k for k in missing if "lm_head" not in k]:  # tied heads are not saved separately
+                raise ValueError(f"{path}: checkpoint lacks {missing[:3]}")
         self.optimizer.load_state_dict(
             torch.load(path / "optimizer.pt", map_location=self.device, weights_only=False)
         )
