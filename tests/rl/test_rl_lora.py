@@ -295,7 +295,6 @@ def test_a_deterministic_lora_run_repeats_and_resumes_exactly(base, tmp_path):
         ("[optim]\nlora = { dropout = 1.0 }\n", "lora.dropout"),
         ("[optim]\nlora = { rank = 'big' }\n", "'rank'"),
         ("[optim]\ntrain_layers = 1\nlora = {}\n", "lora and train_layers"),
-        ("[optim]\nlora = {}\n[loop]\nbackend = 'local'\n", 'use [loop] backend = "inline"'),
         ("[optim]\nlora = { targets = ['q_proj', 'wq'] }\n", "no module named 'wq'"),
         ("[optim]\nlora = { targets = ['lm_head'] }\n", "not a linear layer of the decoder"),
         ("[optim]\nlora = { targets = ['mlp'] }\n", "not a linear layer of the decoder"),

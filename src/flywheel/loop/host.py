@@ -10,6 +10,8 @@ The inline and local backends run the host in a thread of the driver, the Ray ba
 call the same methods. Without a store (the inline backend: its engine shares the trainer's parameters)
 nothing is published, and `commit` may skip the checkpoint of a version (`[train] checkpoint_every`). Publishing retries a store that is down with exponential backoff (`publish_attempts`),
 counting retries; the driver keeps dispatching meanwhile, so pools keep serving the last good weights.
+A LoRA trainer (one with `lora` adapters) publishes through an `AdapterPublisher`: its frozen base once,
+then each version's adapters (`flywheel.sync.adapters`), never a delta of the merged weights.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class TrainerHost:
         keep: int = 2,
         publish_attempts: int = 30,
     ) -> None:
-        from flywheel.sync import Publisher, Retry, open_store
+        from flywheel.sync import AdapterPublisher, Publisher, Retry, open_store
 
         if callable(trainer) and not hasattr(trainer, "step"):
             trainer = trainer()  # a factory: build the trainer where it runs (a Ray actor's node)
@@ -51,10 +53,13 @@ class TrainerHost:
         opts = {"retry": retry, "read_retry": retry, "on_retry": self._count_retry, **(store_options or {})}
         peer_store = open_store(peer, **opts) if peer else None
         self.ckpt = Checkpointer(Path(checkpoints), peer_store, keep=keep)
-        self.publisher = None
+        self.publisher: Any = None  # a Publisher, or an AdapterPublisher for a LoRA trainer
+        self.adapters = getattr(trainer, "lora", None) is not None  # LoRA: the base once, then adapters
         if store:
             weights = open_store(store, **opts)
-            self.publisher = Publisher(weights, anchor_every=anchor_every)
+            self.publisher = (
+                AdapterPublisher(weights) if self.adapters else Publisher(weights, anchor_every=anchor_every)
+            )
 
     def _count_retry(self, attempt: int, exc: BaseException) -> None:
         self.retries += 1
@@ -64,7 +69,13 @@ class TrainerHost:
         state = self.ckpt.restore(self.trainer)
         stats = None
         if self.publisher is not None:
-            stats = self.publisher.start(self.trainer.serving_weights(), int(self.trainer.version))
+            version = int(self.trainer.version)
+            if self.adapters:
+                stats = self.publisher.start(
+                    self.trainer.serving_base(), self.trainer.serving_adapters(), version
+                )
+            else:
+                stats = self.publisher.start(self.trainer.serving_weights(), version)
         return {
             "version": int(self.trainer.version),
             "state": state,
@@ -92,7 +103,8 @@ class TrainerHost:
         t1 = time.perf_counter()
         stats = None
         if self.publisher is not None:
-            stats = asdict(self.publisher.publish(self.trainer.serving_weights(), int(self.trainer.version)))
+            payload = self.trainer.serving_adapters() if self.adapters else self.trainer.serving_weights()
+            stats = asdict(self.publisher.publish(payload, int(self.trainer.version)))
         return {
             "version": int(self.trainer.version),
             "checkpoint_s": t1 - t0,

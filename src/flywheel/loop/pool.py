@@ -14,7 +14,9 @@ weights from the store: the latest anchor plus the deltas after it. Per batch:
    `emit` at once (a pool killed mid-batch loses only what it had not yet handed over).
 
 A published tensor that does not fit the model (unknown name, other shape) is refused with an error
-rather than silently loaded beside the weights the engine reads.
+rather than silently loaded beside the weights the engine reads. A LoRA run's store is followed the same
+way: the subscriber loads its base once and merges each version's adapters into the bound tensors
+(`flywheel.sync.adapters`).
 """
 
 from __future__ import annotations

@@ -255,11 +255,6 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_budgets(self)
-        if self.optim.lora is not None and self.loop.backend != "inline":
-            raise FlywheelError(
-                f'[optim] lora: LoRA syncs to pools in a later version; use [loop] backend = "inline" '
-                f"(not '{self.loop.backend}')"
-            )
 
 
 def check_budgets(cfg: RunConfig) -> None:

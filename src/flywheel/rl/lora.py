@@ -32,9 +32,15 @@ names and `lora.json` the settings they were made with, beside the merged HF wei
 refuses, in one line, a checkpoint made with other settings, or whose merged weights the restored
 adapters do not reproduce on this base (another base model).
 
+Pools (`local`, `ray` and `http` loop backends, `flywheel serve --follow`): the trainer publishes the
+frozen base once (`base_weights`, in float32) and then each version's adapters alone (`adapter_tensors`),
+never a delta of the merged matrices; every follower merges them into its own float32 copy of the base
+and serves the trainer's bf16 merge bit for bit (`flywheel.sync.adapters`).
+
 What is not covered: adapters on anything but `nn.Linear` layers of the decoder (embeddings and the
-output head are refused), several adapters at once, DoRA or rsLoRA scaling, and shipping adapters alone to
-inference pools (`[optim] lora` runs on the `inline` loop backend only; `flywheel.rl.config`).
+output head are refused), several adapters at once, DoRA or rsLoRA scaling, adapter payloads smaller than
+float32 (each version ships 4 bytes per adapter parameter, however little a step moves them), and
+followers without a float32 copy of the adapted matrices' base (a bf16-only follower would round twice).
 """
 
 from __future__ import annotations
@@ -125,6 +131,17 @@ class Adapters:
     def served_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The served model's adapted (merged) matrices, by parameter name."""
         return ((f"{n}.weight", self.served.get_submodule(n).weight) for n in self.names)
+
+    def adapter_tensors(self) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+        """(served weight name, A, B) per adapted matrix: what a LoRA run publishes per version."""
+        for n, layer in self.layers.items():
+            yield f"{n}.weight", layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight
+
+    def base_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The frozen base's tensors under the served model's names (the adapted matrices unmerged)."""
+        frozen = {f"{n}.weight": layer.base_layer.weight for n, layer in self.layers.items()}
+        for name, t in self.served.state_dict().items():
+            yield name, frozen.get(name, t)
 
     def dropouts(self) -> list[nn.Module]:
         """The adapters' dropout modules (none when `dropout` is 0: PEFT puts an identity there)."""

@@ -27,7 +27,8 @@ Rollouts whose advantage is exactly zero carry no gradient and are skipped.
 
 The model is shared with the rollout engine, which always generates from the current parameters, so the
 next step's rollouts see this step's update without a copy. `serving_weights()` gives the bf16 weights to
-publish as deltas; `save` / `load` checkpoint the model, the optimizer and the version atomically.
+publish as deltas (with LoRA, `serving_base()` and `serving_adapters()`: the base once, the adapters per
+version, `flywheel.sync.adapters`); `save` / `load` checkpoint the model, the optimizer and the version atomically.
 
 Precision (`[model] dtype`): with `"bfloat16"` the trainer's model holds float32 master weights and the
 optimizer keeps float32 state; the forward passes run under `torch.autocast` to bfloat16 (`hf.mixed`) and
@@ -47,7 +48,8 @@ LoRA (`[optim] lora`, `flywheel.rl.lora`): the trainer trains a copy of the mode
 base plus the adapters after every update and every `load`. The engine generates from `served` (shared in
 float32, synced into its own bfloat16 copy otherwise), `serving_weights()` and checkpoints read it (so a
 checkpoint is still an HF model directory, with the adapters beside it), and `load` restores the adapters
-and the optimizer on the base the trainer was built on. Without LoRA `served` is `model`.
+and the optimizer on the base the trainer was built on. Pools get the base once and the adapters per
+version (`serving_base`, `serving_adapters`; `flywheel.sync.adapters`). Without LoRA `served` is `model`.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ from flywheel.rl.objective import (
 from flywheel.rl.optim import build_optimizer
 from flywheel.rl.pack import PrefixPack, pack_groups
 from flywheel.rubric import Rubric, counts, turns_of
+from flywheel.sync.adapters import AdapterWeights
 
 TURN_TOKENS = 256  # default per-rollout share of the token budget
 
@@ -324,6 +327,24 @@ class Trainer:
         """bf16 copies of the (master) weights on the CPU, as inference serves them (with LoRA: the base
         with the adapters merged in, under the base's names)."""
         return {k: v.detach().to("cpu", torch.bfloat16).clone() for k, v in self.served.state_dict().items()}
+
+    def serving_base(self) -> dict[str, torch.Tensor]:
+        """With LoRA: float32 copies of the frozen base on the CPU, under the served names (what pools hold
+        under the adapters, `flywheel.sync.adapters`)."""
+        if self.lora is None:
+            raise FlywheelError("serving_base: the trainer has no LoRA adapters")
+        return {k: v.detach().to("cpu", torch.float32).clone() for k, v in self.lora.base_weights()}
+
+    def serving_adapters(self) -> AdapterWeights:
+        """With LoRA: the adapters, float32 copies on the CPU, by served matrix name (published per version
+        instead of a delta of the merged weights)."""
+        if self.lora is None:
+            raise FlywheelError("serving_adapters: the trainer has no LoRA adapters")
+        out = AdapterWeights(self.lora.cfg.rank, float(self.lora.cfg.alpha))
+        for name, a, b in self.lora.adapter_tensors():
+            out.a[name] = a.detach().to("cpu", torch.float32).clone()
+            out.b[name] = b.detach().to("cpu", torch.float32).clone()
+        return out
 
     def sync_engine(self) -> None:
         """Copy the weights into the engine's model when it holds a copy of its own (a bfloat16 engine under

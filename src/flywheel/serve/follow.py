@@ -3,7 +3,8 @@
 `load_following` loads a torch model (hf:PATH, smollm2-135m or a shipped base) in bf16, opens the store
 (a path, `file://` or `s3://` URL; S3 endpoint and keys from the usual environment variables, see
 `flywheel.sync.store`) and binds a `flywheel.sync.follow.Follower` to the model's tensors, loaded to the
-latest published version. The server (`flywheel.serve.http`) then applies each version published after
+latest published version (a LoRA run's store: its base, then the latest adapters merged in,
+`flywheel.sync.adapters`). The server (`flywheel.serve.http`) then applies each version published after
 in place between generation batches. A store that cannot be opened or read at start is refused
 (`FlywheelError`); an empty one is waited on: the model's own weights are served, with no version, until
 the first is published.

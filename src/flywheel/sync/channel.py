@@ -16,6 +16,12 @@ anchor, or resumes when the store already holds exactly that version (checked by
 follows LATEST and the markers sees only whole versions. The publisher keeps a private copy of the last
 published bf16 weights (and their crc32s) to diff against.
 
+LoRA runs (`AdapterPublisher`, `flywheel.sync.adapters`) publish the frozen base once, as a bf16 anchor
+(``objects/base-<hash>.fwa``) and the float32 base of the adapted matrices (``objects/masters-<hash>.fwm``),
+and then per version one complete adapters payload (``objects/adapters-<v>-<hash>.fwl``); the marker names
+all three (`base`, `masters`, `adapters`, `base_digest`). Each payload replaces the last, so there is no
+chain: a follower loads the base when it lacks it, then applies the latest payload alone.
+
 `Subscriber` holds bf16 weights and their version. `catch_up()` reads LATEST, walks the markers back to
 its own version and applies the deltas in order, in place. It starts from the latest anchor instead when
 the chain is longer than `max_chain` (or it holds no weights yet), and recovers from the anchor plus the chain after it when a delta is refused (corrupt,
@@ -38,6 +44,13 @@ from typing import Any
 import torch
 
 from flywheel.protocols import WeightStore
+from flywheel.sync.adapters import (
+    AdapterWeights,
+    apply_adapters,
+    decode_masters,
+    encode_adapters,
+    encode_masters,
+)
 from flywheel.sync.codec import (
     DEFAULT_LEVEL,
     DeltaError,
@@ -60,7 +73,9 @@ def marker_key(version: int) -> str:
 
 
 def content_key(kind: str, version: int, blob: bytes) -> str:
-    ext = "fwd" if kind == "delta" else "fwa"
+    if kind in ("base", "masters"):  # one per base model, whatever the version: a restart finds it in place
+        return f"objects/{kind}-{blob_hash(blob)}.{'fwa' if kind == 'base' else 'fwm'}"
+    ext = {"delta": "fwd", "adapters": "fwl"}.get(kind, "fwa")
     return f"objects/{kind}-{version:010d}-{hashlib.blake2b(blob, digest_size=12).hexdigest()}.{ext}"
 
 
@@ -199,6 +214,98 @@ class Publisher:
             self.since_anchor += 1
 
 
+class AdapterPublisher:
+    """Trainer side of a LoRA run: the base once, then each version's adapters whole (module docstring).
+
+    The same verbs as `Publisher`: `start(base, adapters, version)` publishes or resumes, `publish(adapters,
+    version)` publishes the next version. `base` is the frozen base in float32 (the trainer's master
+    weights); the publisher keeps its bf16 copy (and crc32s) and the float32 adapted matrices, to compute
+    the merged checksums every follower must reproduce.
+    """
+
+    def __init__(self, store: WeightStore, *, level: int = DEFAULT_LEVEL) -> None:
+        self.store, self.level = store, level
+        self.base: dict[str, torch.Tensor] = {}
+        self.masters: dict[str, torch.Tensor] = {}
+        self.base_crcs: dict[str, str] = {}
+        self.refs: dict[str, dict[str, Any]] = {}  # "base", "masters": their keys, sizes and hashes
+        self.unsent: dict[str, bytes] = {}  # those not in the store yet
+        self.base_digest = ""
+        self.prev_version: int | None = None
+
+    def keep_base(self, base: Mapping[str, torch.Tensor], adapted: list[str]) -> None:
+        self.base = {n: t.detach().to("cpu", torch.bfloat16).contiguous().clone() for n, t in base.items()}
+        self.masters = {n: base[n].detach().to("cpu", torch.float32).contiguous().clone() for n in adapted}
+        self.base_crcs = {n: tensor_crc(t) for n, t in self.base.items()}
+        self.base_digest = digest_of(self.base, self.base_crcs)
+        blobs = {
+            "base": encode_anchor(self.base, 0, level=self.level, crcs=self.base_crcs),
+            "masters": encode_masters(self.masters, level=self.level),
+        }
+        for kind, blob in blobs.items():
+            key = content_key(kind, 0, blob)
+            self.refs[kind] = {"key": key, "size": len(blob), "blake2b": blob_hash(blob)}
+            if not self.store.exists(key):
+                self.unsent[kind] = blob
+
+    def encode(self, adapters: AdapterWeights, version: int) -> bytes:
+        return encode_adapters(
+            self.base, self.masters, adapters, version=version, base_crcs=self.base_crcs, level=self.level
+        )
+
+    def start(
+        self, base: Mapping[str, torch.Tensor], adapters: AdapterWeights, version: int
+    ) -> PublishStats | None:
+        """First call of a (re)started trainer: keep `base`, then publish `version` unless the store has it
+        (resumed when LATEST is `version` with the same merged digest; refused when LATEST is newer)."""
+        self.keep_base(base, sorted(adapters.a))
+        latest = latest_version(self.store)
+        if latest is None or latest < version:
+            return self.publish(adapters, version)
+        if latest > version:
+            raise DeltaError(
+                f"the store already holds version {latest}, ahead of the weights at version {version}"
+            )
+        marker = read_json(self.store, marker_key(version))
+        blob = self.encode(adapters, version)
+        if marker.get("base_digest") != self.base_digest or (
+            read_manifest(blob)["weights_digest"] != marker["weights_digest"]
+        ):
+            raise DeltaError(f"version {version} is published with other weights than the ones resumed from")
+        self.prev_version = version
+        return None
+
+    def publish(self, adapters: AdapterWeights, version: int) -> PublishStats:
+        """Publish `adapters` as `version` (the base first, if the store lacks it); versions must increase."""
+        if not self.refs:
+            raise ValueError("AdapterPublisher.start must run before publish")
+        if self.prev_version is not None and version <= self.prev_version:
+            raise ValueError(f"version {version} is not after the last published {self.prev_version}")
+        t0 = time.perf_counter()
+        blob = self.encode(adapters, version)
+        t1 = time.perf_counter()
+        base_bytes = sum(len(b) for b in self.unsent.values())
+        for kind, b in list(self.unsent.items()):
+            self.store.put(self.refs[kind]["key"], b)
+            del self.unsent[kind]
+        key = content_key("adapters", version, blob)
+        self.store.put(key, blob)
+        marker = {
+            "version": version,
+            "base_version": self.prev_version,
+            "weights_digest": read_manifest(blob)["weights_digest"],
+            "base_digest": self.base_digest,
+            **self.refs,
+            "adapters": {"key": key, "size": len(blob), "blake2b": blob_hash(blob)},
+            "anchor_version": None,
+        }
+        self.store.put(marker_key(version), json.dumps(marker).encode())
+        self.store.put(LATEST, json.dumps({"version": version}).encode())
+        self.prev_version = version
+        kind = "adapters+base" if base_bytes else "adapters"
+        return PublishStats(version, kind, len(blob), base_bytes, t1 - t0, time.perf_counter() - t1)
+
+
 # ---------------------------------------------------------------------------------------------- subscriber
 
 
@@ -207,7 +314,7 @@ class Step:
     """One downloaded payload waiting to be applied."""
 
     marker: dict[str, Any]
-    kind: str  # "delta" or "anchor"
+    kind: str  # "delta", "anchor", or for LoRA "base", "masters", "adapters"
     blob: bytes
 
 
@@ -236,6 +343,9 @@ class Subscriber:
         self.weights: dict[str, torch.Tensor] = weights if weights is not None else {}
         self.version = version if weights is not None else None
         self.digest = digest
+        # LoRA stores: the digest of the base anchor loaded, and the float32 base of each adapted matrix
+        self.base_digest: str | None = None
+        self.masters: dict[str, torch.Tensor] = {}
         self.last_error: str | None = None
         self.last_pause_s = 0.0
         self.recoveries = 0
@@ -261,6 +371,11 @@ class Subscriber:
         if target is None or (target == self.version and not from_anchor):
             return None
         head = self.marker(target)
+        if "adapters" in head:  # a LoRA version: the base when not held, then the payload alone
+            payload = self.fetch(head, "adapters")  # first: a damaged payload costs no base download
+            load_base = from_anchor or self.base_digest != head["base_digest"]
+            steps = [self.fetch(head, "base"), self.fetch(head, "masters")] if load_base else []
+            return Plan(self.version, target, [*steps, payload])
         chain = None if from_anchor or self.version is None else self.chain(head, self.version)
         if chain is None:
             if head.get("anchor_version") is None:
@@ -310,6 +425,17 @@ class Subscriber:
         for step in plan.steps:
             if step.kind == "anchor":
                 self.version = load_anchor_into(self.weights, step.blob)
+            elif step.kind == "base":  # the base alone is no version; the payload after it makes one
+                self.version, self.base_digest, self.masters = None, None, {}
+                load_anchor_into(self.weights, step.blob)
+                self.base_digest = read_manifest(step.blob)["weights_digest"]
+            elif step.kind == "masters":
+                self.masters = decode_masters(step.blob)
+                continue  # the weights are still the base's
+            elif step.kind == "adapters":
+                self.version = apply_adapters(
+                    self.weights, self.masters, step.blob, base_digest=self.base_digest
+                )
             else:
                 self.version = apply_delta(
                     self.weights, step.blob, expect_base=self.version if self.version is not None else -1,

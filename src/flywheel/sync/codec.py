@@ -67,6 +67,8 @@ from flywheel.errors import FlywheelError
 
 DELTA_MAGIC = b"FWDELTA1"
 ANCHOR_MAGIC = b"FWANCHR1"
+ADAPTERS_MAGIC = b"FWADAPT1"  # LoRA adapter payloads (`flywheel.sync.adapters`)
+MASTERS_MAGIC = b"FWLBASE1"  # a LoRA run's float32 base of its adapted matrices (the same module)
 FORMAT_VERSION = 1
 DEFAULT_LEVEL = 1  # measured: levels 3-9 are slower and no smaller on these streams
 VALUE_MODES = ("raw", "xor", "diff")
@@ -242,9 +244,11 @@ def pack(magic: bytes, manifest: dict[str, Any], sections: Mapping[str, tuple[by
 
 def unpack(blob: bytes, magic: bytes) -> tuple[dict[str, Any], memoryview]:
     """Header and manifest checked; returns (manifest, payload)."""
-    what = "delta" if magic == DELTA_MAGIC else "anchor"
+    what = {DELTA_MAGIC: "delta", ADAPTERS_MAGIC: "adapters", MASTERS_MAGIC: "LoRA base"}.get(magic, "anchor")
     if len(blob) < len(magic) + HEADER.size or blob[: len(magic)] != magic:
-        other = {DELTA_MAGIC: "a delta", ANCHOR_MAGIC: "an anchor"}.get(bytes(blob[: len(magic)]))
+        kinds = {DELTA_MAGIC: "a delta", ANCHOR_MAGIC: "an anchor", ADAPTERS_MAGIC: "adapters"}
+        kinds[MASTERS_MAGIC] = "a LoRA base"
+        other = kinds.get(bytes(blob[: len(magic)]))
         raise DeltaError(f"not a Flywheel {what}" + (f" (it is {other})" if other else ""))
     size, crc = HEADER.unpack_from(blob, len(magic))
     start = len(magic) + HEADER.size
@@ -268,8 +272,9 @@ def section(manifest: dict[str, Any], payload: memoryview, name: str, what: str)
 
 
 def read_manifest(blob: bytes) -> dict[str, Any]:
-    """The manifest of a delta or an anchor (header checked, payload not decoded)."""
-    magic = ANCHOR_MAGIC if blob[: len(ANCHOR_MAGIC)] == ANCHOR_MAGIC else DELTA_MAGIC
+    """The manifest of a delta, an anchor or a LoRA payload (header checked, payload not decoded)."""
+    head = bytes(blob[: len(DELTA_MAGIC)])
+    magic = head if head in (ANCHOR_MAGIC, ADAPTERS_MAGIC, MASTERS_MAGIC) else DELTA_MAGIC
     return unpack(blob, magic)[0]
 
 

@@ -1,7 +1,7 @@
 """Weights that follow the trainer: a served model's tensors updated in place from a weight store.
 
 `Follower` binds a `flywheel.sync.Subscriber` to the tensors of a torch model (`bind`), so anchors and
-deltas land in the memory the engine reads. The inference pools of the `local` and `ray` backends bind
+deltas (or a LoRA run's merged adapters) land in the memory the engine reads. The inference pools of the `local` and `ray` backends bind
 the same way (`flywheel.loop.pool`); `flywheel serve --follow STORE` drives a `Follower` from its
 batcher's thread (`flywheel.serve.batcher.Batcher`), so updates happen only between generation batches:
 
